@@ -1,0 +1,1 @@
+"""A production Scrapy project: shared Redis scheduler, cleaning pipelines, Postgres upserts."""

@@ -1,0 +1,55 @@
+"""The add-on that prepares every crawl: validate our settings, then resolve the backends.
+
+Add-ons run before any component is built and before settings are frozen, for every way a crawl
+starts (``scrapy crawl``, scrapyd, a script with ``CrawlerProcess``), which makes this the one
+place where a bad setting can fail early and by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.settings import BaseSettings
+
+from . import backends
+from .config import get_bool, get_float, get_int
+
+# (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
+CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
+    ("CONCURRENT_REQUESTS", "int", 1),
+    ("CONCURRENT_REQUESTS_PER_DOMAIN", "int", 1),
+    ("CONCURRENT_ITEMS", "int", 1),
+    ("DOWNLOAD_DELAY", "float", 0),
+    ("DOWNLOAD_TIMEOUT", "float", 0.001),
+    ("DOWNLOAD_MAXSIZE", "int", 0),
+    ("DOWNLOAD_WARNSIZE", "int", 0),
+    ("SCHEDULER_IDLE_TIMEOUT", "float", 0),
+    ("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "int", 0),
+    ("POSTGRES_BATCH_SIZE", "int", 1),
+    ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),
+    ("POSTGRES_LAST_SEEN_RESOLUTION", "float", 0),
+)
+
+
+def validate(settings: BaseSettings) -> None:
+    """Raise :class:`~scraper.config.ConfigError` for the first malformed setting."""
+    for name, kind, minimum in CHECKED_SETTINGS:
+        if settings.get(name) is None:
+            continue
+        if kind == "int":
+            get_int(settings, name, 0, minimum=int(minimum))
+        else:
+            get_float(settings, name, 0.0, minimum=minimum)
+    for name in ("SCHEDULER_FLUSH_ON_START",):
+        if settings.get(name) is not None:
+            get_bool(settings, name, False)
+
+
+class BackendsAddon:
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "BackendsAddon":
+        return cls()
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        validate(settings)
+        backends.apply(settings)

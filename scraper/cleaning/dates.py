@@ -1,0 +1,154 @@
+"""Date normalisation: raw scraped date -> timezone-aware UTC datetime.
+
+dateparser handles the long tail of human formats but costs around a
+millisecond per call, so cheap exact paths (date objects, ISO 8601, unix
+timestamps) run first and textual results are memoised, since listing pages
+repeat the same few date strings thousands of times.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timezone as dt_timezone, tzinfo
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import dateparser
+
+__all__ = ["parse_date"]
+
+UTC = dt_timezone.utc
+
+# Needs a full Y-M-D so fromisoformat never sees bare years or "2026-11".
+_ISO_LIKE = re.compile(r"^\d{4}-?\d{2}-?\d{2}(?:[T ]|$)")
+
+# 10 digits = seconds (2001..2286), 13 digits = milliseconds (JavaScript).
+_EPOCH = re.compile(r"^\d{10}(?:\d{3})?$")
+_EPOCH_SECONDS_RANGE = (10**9, 10**10)
+
+# "no-spaces-time" and the timestamp parsers are left out: they turn "2026" or
+# "20261112" into made-up dates even with REQUIRE_PARTS; timestamps are
+# handled explicitly above instead.
+_ABSOLUTE_PARSERS = ["custom-formats", "absolute-time"]
+_RELATIVE_PARSERS = ["relative-time"]
+_REQUIRE_PARTS = ["day", "month", "year"]
+
+_DEFAULT_LANGUAGES = ("en",)
+
+
+def parse_date(
+    raw: object,
+    date_order: str | None = None,
+    timezone: str = "UTC",
+    languages: list[str] | None = None,
+) -> datetime | None:
+    """Return ``raw`` as an aware UTC datetime, or None if it is no full date.
+
+    ``timezone`` is assumed for inputs that carry no offset (date-only inputs
+    become midnight there). ``date_order`` ("DMY", "MDY", "YMD") settles
+    numeric dates such as "11/12/2026"; without it the language's convention
+    applies (month first for English). Relative dates ("yesterday",
+    "3 hours ago") are resolved against the current clock and never cached.
+    """
+    if raw is None or isinstance(raw, bool):
+        return None
+    if isinstance(raw, datetime):
+        return _localise(raw, timezone)
+    if isinstance(raw, date):
+        return _localise(datetime(raw.year, raw.month, raw.day), timezone)
+    if isinstance(raw, (int, float)):
+        return _from_epoch(raw)
+    if not isinstance(raw, str):
+        return None
+
+    text = " ".join(raw.split())
+    if not text:
+        return None
+    if _EPOCH.match(text):
+        return _from_epoch(int(text))
+    if _ISO_LIKE.match(text):
+        iso = _from_iso(text, timezone)
+        if iso is not None:
+            return iso
+    langs = tuple(languages) if languages else _DEFAULT_LANGUAGES
+    found = _parse_absolute(text, date_order, timezone, langs)
+    if found is not None:
+        return found
+    if _is_relative(text, timezone, langs):
+        return _parse_text(text, date_order, timezone, langs, _RELATIVE_PARSERS)
+    return None
+
+
+@lru_cache(maxsize=64)
+def _zone(name: str) -> tzinfo | None:
+    if name.upper() == "UTC":
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+
+
+def _localise(value: datetime, timezone: str) -> datetime | None:
+    if value.tzinfo is None:
+        zone = _zone(timezone)
+        if zone is None:
+            return None
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(UTC)
+
+
+def _from_epoch(value: int | float) -> datetime | None:
+    seconds = value / 1000 if value >= _EPOCH_SECONDS_RANGE[1] * 100 else value
+    if not _EPOCH_SECONDS_RANGE[0] <= seconds < _EPOCH_SECONDS_RANGE[1]:
+        return None
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _from_iso(text: str, timezone: str) -> datetime | None:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        # Let dateparser try it; e.g. "2026-11-12 10:00 CET".
+        return None
+    zone_known = value.tzinfo is not None or _zone(timezone) is not None
+    return _localise(value, timezone) if zone_known else None
+
+
+@lru_cache(maxsize=8192)
+def _parse_absolute(
+    text: str, date_order: str | None, timezone: str, languages: tuple[str, ...]
+) -> datetime | None:
+    return _parse_text(text, date_order, timezone, languages, _ABSOLUTE_PARSERS)
+
+
+@lru_cache(maxsize=8192)
+def _is_relative(text: str, timezone: str, languages: tuple[str, ...]) -> bool:
+    # Whether a string is relative does not depend on the clock, so this
+    # answer is cacheable even though the resulting datetime is not; it keeps
+    # repeated garbage ("N/A", "-") from hitting dateparser every time.
+    return _parse_text(text, None, timezone, languages, _RELATIVE_PARSERS) is not None
+
+
+def _parse_text(
+    text: str,
+    date_order: str | None,
+    timezone: str,
+    languages: tuple[str, ...],
+    parsers: list[str],
+) -> datetime | None:
+    settings: dict[str, object] = {
+        "RETURN_AS_TIMEZONE_AWARE": True,
+        "TIMEZONE": timezone,
+        "TO_TIMEZONE": "UTC",
+        "REQUIRE_PARTS": _REQUIRE_PARTS,
+        "PARSERS": parsers,
+    }
+    if date_order:
+        settings["DATE_ORDER"] = date_order.upper()
+    try:
+        # Fixed languages: autodetection over every locale is ~100x slower.
+        value = dateparser.parse(text, languages=list(languages), settings=settings)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    return value.astimezone(UTC) if value is not None else None

@@ -1,0 +1,1 @@
+"""Operator commands (``COMMANDS_MODULE``): crawl, seed, migrate."""

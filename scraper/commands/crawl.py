@@ -1,0 +1,38 @@
+"""``scrapy crawl``, with configuration errors reported as one line instead of a traceback.
+
+Everything else is Scrapy's own command. The backends are resolved here, before the crawler
+starts, so that an unreachable ``REDIS_URL`` or a malformed ``POSTGRES_BATCH_SIZE`` is reported
+by name, with passwords masked, and the process exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+
+from scrapy.commands.crawl import Command as ScrapyCrawl
+from scrapy.exceptions import UsageError
+
+from .. import addon, backends
+from ..config import ConfigError
+
+
+class Command(ScrapyCrawl):
+    def run(self, args: list[str], opts: Namespace) -> None:
+        if len(args) != 1:
+            return super().run(args, opts)
+        assert self.crawler_process
+        try:
+            crawler = self._create_crawler(args[0])
+            addon.validate(crawler.settings)
+            backends.apply(crawler.settings)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        except KeyError as exc:
+            raise UsageError(f"Spider not found: {args[0]}") from exc
+        self.crawler_process.crawl(crawler, **opts.spargs)
+        self.crawler_process.start()
+        if self.crawler_process.bootstrap_failed:
+            self.exitcode = 1

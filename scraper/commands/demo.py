@@ -1,0 +1,83 @@
+"""``scrapy demo``: serve the bundled demo shop and crawl it through the whole pipeline.
+
+This is what ``make demo`` runs. With no ``REDIS_URL``/``DATABASE_URL`` it uses the embedded
+servers under ``.data/``; run it twice and the second run finds every row unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from argparse import ArgumentParser, Namespace
+
+import psycopg2
+from scrapy.commands import ScrapyCommand
+
+from .. import addon, backends
+from ..config import ConfigError, mask_url
+from ..demo_site import Catalog, DemoSite
+from ..extensions.summary import summarize
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def short_desc(self) -> str:
+        return "Serve the demo shop locally and crawl it into Postgres"
+
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--products", type=int, default=500, help="products in the demo shop (500)")
+        parser.add_argument("--port", type=int, default=0, help="port of the demo shop (a free one)")
+        parser.add_argument("--reprice", type=int, default=0, help="change the price of N products")
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        assert self.crawler_process
+        catalog = Catalog(products=opts.products, reprice=opts.reprice)
+        site = DemoSite(catalog, port=opts.port).start()
+        try:
+            crawler = self.crawler_process.create_crawler("demo")
+            crawler.settings.set("DEMO_SITE_URL", site.url, priority="cmdline")
+            if "SCHEDULER_IDLE_TIMEOUT" not in os.environ:
+                # Nobody else works on this queue: no need to wait for other nodes.
+                crawler.settings.set("SCHEDULER_IDLE_TIMEOUT", 1, priority="cmdline")
+            try:
+                addon.validate(crawler.settings)
+                found = backends.apply(crawler.settings)
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                self.exitcode = 2
+                return
+            print(
+                f"demo: shop with {opts.products} products at {site.url}; "
+                f"Redis {'embedded' if found.embedded_redis else mask_url(found.redis_url)}, "
+                f"Postgres {'embedded' if found.embedded_postgres else mask_url(found.database_url)}",
+                flush=True,
+            )
+            started = time.monotonic()
+            self.crawler_process.crawl(crawler)
+            self.crawler_process.start()
+            elapsed = time.monotonic() - started
+        finally:
+            site.stop()
+        if self.crawler_process.bootstrap_failed:
+            self.exitcode = 1
+            return
+        stats = crawler.stats.get_stats()
+        print(f"\ndemo: {summarize(stats, elapsed)}")
+        conn = psycopg2.connect(found.database_url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM products WHERE source = 'demo'")
+                products = cur.fetchone()[0]
+                cur.execute("SELECT count(*) FROM rejects WHERE spider = 'demo'")
+                rejects = cur.fetchone()[0]
+        finally:
+            conn.close()
+        expected = len(catalog.valid_products())
+        print(
+            f"demo: Postgres holds {products} demo products (the shop has {expected} valid ones) "
+            f"and {rejects} rejects (the shop has {len(catalog.broken_products())} broken pages)"
+        )
+        print(f'demo: look inside with: psql "{mask_url(found.database_url)}" -c "SELECT * FROM products LIMIT 5"')

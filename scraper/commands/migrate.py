@@ -1,0 +1,36 @@
+"""``scrapy migrate``: create or update the database tables of every item type, then exit."""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+
+import psycopg2
+from scrapy.commands import ScrapyCommand
+
+from .. import backends
+from ..config import ConfigError
+from ..items import stored_item_types
+from ..storage import schema
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def short_desc(self) -> str:
+        return "Create or update the Postgres tables of every item type"
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        try:
+            found = backends.apply(self.settings, priority="cmdline")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        conn = psycopg2.connect(found.database_url)
+        try:
+            changes = schema.migrate(conn, stored_item_types())
+        finally:
+            conn.close()
+        tables = ", ".join(t.table for t in stored_item_types())
+        print("\n".join(changes) if changes else f"schema up to date ({tables}, rejects)")

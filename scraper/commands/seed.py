@@ -1,0 +1,81 @@
+"""``scrapy seed <spider> <url-or-file>...``: put start URLs into a spider's shared queue.
+
+Arguments are URLs, or files with one URL per line (``-`` reads standard input; blank lines and
+``#`` comments are skipped). Seeds are queued for the spider's ``parse`` callback and bypass
+the seen-set, so seeding a URL again crawls it again. Run it once, then start any number of
+``scrapy crawl <spider>`` processes on any machine: they all take work from the same queue.
+"""
+
+from __future__ import annotations
+
+import sys
+from argparse import ArgumentParser, Namespace
+from pathlib import Path
+from typing import Iterator
+
+import scrapy
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+from scrapy.spiderloader import get_spider_loader
+from w3lib.url import is_url
+
+from .. import backends
+from ..config import ConfigError
+from ..queue.keys import queue_key
+from ..queue.queues import PriorityQueue
+from ..redis_client import get_redis
+
+
+def read_urls(sources: list[str]) -> Iterator[str]:
+    for source in sources:
+        if is_url(source):
+            yield source
+            continue
+        if source == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise UsageError(f"{source!r} is neither an http(s) URL nor a readable file")
+            lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if not is_url(line):
+                raise UsageError(f"{source}:{number}: not a URL: {line!r}")
+            yield line
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def syntax(self) -> str:
+        return "<spider> <url-or-file>..."
+
+    def short_desc(self) -> str:
+        return "Queue start URLs for a spider in the shared Redis queue"
+
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--priority", type=int, default=0, help="priority of the seeded requests")
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        if len(args) < 2:
+            raise UsageError("give a spider name and at least one URL or file")
+        name, sources = args[0], args[1:]
+        spidercls = get_spider_loader(self.settings).load(name)
+        try:
+            found = backends.apply(self.settings, priority="cmdline")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl
+        spider.name = name
+        queue = PriorityQueue(get_redis(found.redis_url), spider, queue_key(name))
+        count = 0
+        for url in read_urls(sources):
+            queue.push(scrapy.Request(url, callback=spider.parse, dont_filter=True, priority=opts.priority))
+            count += 1
+        print(f"queued {count} start URL(s) for {name!r}; {len(queue)} request(s) now in its queue")

@@ -1,0 +1,80 @@
+"""Typed, validated access to our own settings.
+
+Every component reads its settings through these helpers so that a bad value fails at start
+with one line that names the setting, instead of a traceback deep inside a component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from scrapy.settings import BaseSettings
+
+
+class ConfigError(Exception):
+    """A setting is missing, malformed or points at something unreachable.
+
+    The message always starts with the setting's name and never contains a password.
+    """
+
+
+def mask_url(url: str | None) -> str:
+    """Return *url* with its password (and any query-string secret) replaced by ``***``."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, _sep, password = userinfo.partition(":")
+        netloc = f"{user}:***@{hostport}" if password else f"{user}@{hostport}"
+    query = "&".join(
+        f"{k}=***" if k.lower() in {"password", "pass", "secret", "key", "token"} else f"{k}={v}"
+        for k, _, v in (pair.partition("=") for pair in parts.query.split("&") if pair)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None = None) -> int:
+    raw = settings.get(name, default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def get_float(settings: BaseSettings, name: str, default: float, minimum: float | None = None) -> float:
+    raw = settings.get(name, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def get_bool(settings: BaseSettings, name: str, default: bool) -> bool:
+    raw: Any = settings.get(name, default)
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}: expected true/false, got {raw!r}")
+
+
+def get_choice(settings: BaseSettings, name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = str(settings.get(name, default) or default).strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,6 @@
+"""A bundled, deterministic demo shop for offline crawling tests and benchmarks."""
+
+from .catalog import Catalog
+from .server import DemoSite
+
+__all__ = ["Catalog", "DemoSite"]

@@ -1,0 +1,79 @@
+"""Serve the demo shop: ``python -m scraper.demo_site --port 8765 --products 200``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from .catalog import Catalog
+from .server import DemoSite
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scraper.demo_site",
+        description="Serve a deterministic demo e-commerce site until SIGINT/SIGTERM.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    parser.add_argument("--products", type=int, default=200)
+    parser.add_argument("--categories", type=int, default=8)
+    parser.add_argument("--per-page", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--reprice", type=int, default=0, help="reprice the first N valid products"
+    )
+    parser.add_argument(
+        "--delay-ms", type=int, default=0, help="extra latency per page, in ms"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        catalog = Catalog(
+            products=args.products,
+            categories=args.categories,
+            per_page=args.per_page,
+            seed=args.seed,
+            reprice=args.reprice,
+        )
+    except ValueError as exc:
+        print(f"demo site: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Installed before binding so a signal during startup still exits cleanly.
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+    site = DemoSite(catalog, host=args.host, port=args.port, delay_ms=args.delay_ms)
+    try:
+        site.start()
+    except OSError as exc:
+        print(f"demo site: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(
+            f"demo site: {site.url} "
+            f"({len(catalog.products)} products, {catalog.page_count} pages)",
+            flush=True,
+        )
+        # A timed wait keeps the main thread responsive to signals everywhere.
+        while not stop.wait(0.5):
+            pass
+    finally:
+        site.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

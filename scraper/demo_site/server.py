@@ -1,0 +1,392 @@
+"""Local HTTP server for the demo shop.
+
+Built on ``ThreadingHTTPServer`` with HTTP/1.1 keep-alive, since crawlers
+reuse connections and a fresh TCP handshake per page would dominate the
+timings of anything benchmarked against this site.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from . import pages
+from .catalog import Catalog
+from .pages import Page
+
+__all__ = ["DemoSite"]
+
+_PRODUCT = re.compile(r"/c/([a-z0-9-]+)/p/([1-9][0-9]*)\.html")
+_CANONICAL = re.compile(r"/p/([1-9][0-9]*)\.html")
+_LISTING = re.compile(r"/c/([a-z0-9-]+)/")
+_LISTING_BARE = re.compile(r"/c/([a-z0-9-]+)")
+_PAGE_NUMBER = re.compile(r"[1-9][0-9]{0,6}")
+# The Host header ends up inside HTML and JSON; anything outside this shape
+# falls back to the server's own address instead of being echoed.
+_HOST = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+_MAX_BODY = 1 << 20
+_ADMIN_ROUTES = {
+    "/_admin/stats": "GET",
+    "/_admin/catalog": "GET",
+    "/_admin/reprice": "POST",
+    "/_admin/reset-stats": "POST",
+}
+
+_RouteKey = tuple[Any, ...]
+
+
+def _page_number(query: str) -> int | None:
+    values = parse_qs(query).get("page")
+    if not values:
+        return 1
+    return int(values[-1]) if _PAGE_NUMBER.fullmatch(values[-1]) else None
+
+
+def _route(catalog: Catalog, path: str, query: str) -> _RouteKey | None:
+    """Map a request to a cache key, or None for 404."""
+    if path == "/":
+        return ("home",)
+    if path == "/robots.txt":
+        return ("robots",)
+    if m := _PRODUCT.fullmatch(path):
+        product = catalog.product(int(m[2]))
+        if product is None or m[1] not in product.categories:
+            return None
+        return ("product", product.id)
+    if m := _CANONICAL.fullmatch(path):
+        return ("product", int(m[1])) if catalog.product(int(m[1])) else None
+    if m := _LISTING.fullmatch(path):
+        page = _page_number(query)
+        if catalog.category(m[1]) is None or page is None:
+            return None
+        if page > catalog.listing_page_count(m[1]):
+            return None
+        return ("listing", m[1], page)
+    if (m := _LISTING_BARE.fullmatch(path)) and catalog.category(m[1]):
+        page = _page_number(query) or 1
+        return ("redirect", catalog.listing_path(m[1], page))
+    return None
+
+
+class _Renderer:
+    """One catalog version plus its lazily rendered pages.
+
+    Repricing swaps in a whole new renderer, so a request never sees a mix
+    of old and new pages and the cache never needs invalidating.
+    """
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._cache: dict[_RouteKey, Page] = {}
+
+    def page(self, path: str, query: str) -> Page:
+        key = _route(self.catalog, path, query)
+        if key is None:
+            return _NOT_FOUND
+        page = self._cache.get(key)
+        if page is None:
+            # Unlocked on purpose: two threads racing here render identical
+            # bytes, which is cheaper than serialising every miss.
+            page = self._render(key)
+            self._cache[key] = page
+        return page
+
+    def _render(self, key: _RouteKey) -> Page:
+        kind = key[0]
+        if kind == "home":
+            return pages.render_home(self.catalog)
+        if kind == "robots":
+            return pages.render_robots()
+        if kind == "listing":
+            page = pages.render_listing(self.catalog, key[1], key[2])
+            return page if page is not None else _NOT_FOUND
+        if kind == "product":
+            product = self.catalog.product(key[1])
+            assert product is not None
+            return pages.render_product(self.catalog, product)
+        if kind == "redirect":
+            return Page(301, "text/html; charset=utf-8", b"", (("Location", key[1]),))
+        raise ValueError(f"unknown route {key!r}")
+
+
+_NOT_FOUND = pages.render_not_found()
+
+
+class DemoSite:
+    """The demo shop served from a background thread.
+
+    >>> with DemoSite(Catalog(products=50)) as site:
+    ...     site.url  # doctest: +SKIP
+    'http://127.0.0.1:41234/'
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay_ms: int = 0,
+    ) -> None:
+        self.host = host
+        self.delay = max(0, delay_ms) / 1000
+        self._requested_port = port
+        self._renderer = _Renderer(catalog)
+        self._lock = threading.Lock()
+        self._stats: Counter[str] = Counter()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> DemoSite:
+        if self._httpd is not None:
+            raise RuntimeError("demo site already started")
+        self._httpd = _Server((self.host, self._requested_port), self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            # Short poll so stop() returns promptly in tests.
+            kwargs={"poll_interval": 0.05},
+            name="demo-site",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, thread = self._httpd, self._thread
+        if httpd is None:
+            return
+        self._httpd = self._thread = None
+        httpd.shutdown()
+        httpd.server_close()
+        httpd.close_connections()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> DemoSite:
+        return self if self._httpd is not None else self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- addresses ---------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("demo site not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def origin(self) -> str:
+        """Scheme, host and port without a trailing slash."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.origin + "/"
+
+    # -- content and admin -------------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._renderer.catalog
+
+    def page(self, path: str, query: str = "") -> Page:
+        """What the server answers for ``path`` (before Host substitution)."""
+        return self._renderer.page(path, query)
+
+    def reprice(self, count: int) -> list[int]:
+        """Serve the catalog with ``count`` products repriced; returns their ids."""
+        with self._lock:
+            current = self._renderer.catalog
+            if count != current.reprice:
+                self._renderer = _Renderer(current.with_reprice(count))
+            return list(self._renderer.catalog.repriced_ids)
+
+    def record(self, target: str) -> None:
+        with self._lock:
+            self._stats[target] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"requests": dict(self._stats), "total": sum(self._stats.values())}
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._stats.clear()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Idle keep-alive connections must not make stop() hang.
+    block_on_close = False
+    # Crawlers open many connections at once; the default backlog of 5
+    # drops SYNs and costs a one-second retransmit each.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], site: DemoSite) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.site = site
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the FQDN, which can block for
+        # seconds without DNS; the name is never used here.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up mid-response are routine for a crawler target.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+    def track(self, connection: socket.socket, active: bool) -> None:
+        with self._connections_lock:
+            if active:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def close_connections(self) -> None:
+        # Handler threads blocked on idle keep-alive sockets would otherwise
+        # keep serving after stop().
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "DemoShop/1.0"
+    sys_version = ""
+    # Headers and body go out in separate writes; Nagle plus delayed ACKs
+    # would add ~40 ms to every keep-alive response.
+    disable_nagle_algorithm = True
+    # Idle keep-alive connections give their thread back eventually.
+    timeout = 30
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._discard_body()
+        self._handle()
+
+    def _handle(self) -> None:
+        split = urlsplit(self.path)
+        if split.path.startswith("/_admin/"):
+            self._admin(split.path, split.query)
+            return
+        site = self.server.site
+        site.record(self.path)
+        if self.command == "POST":
+            allow = (("Allow", "GET, HEAD"),)
+            self._send(405, "text/plain; charset=utf-8", b"method not allowed\n", allow)
+            return
+        if site.delay:
+            time.sleep(site.delay)
+        page = site.page(split.path, split.query)
+        self._send(page.status, page.content_type, page.body_for(self._origin()), page.headers)
+
+    def _origin(self) -> str:
+        host = self.headers.get("Host", "")
+        if _HOST.fullmatch(host):
+            return f"http://{host}"
+        return self.server.site.origin
+
+    def _admin(self, path: str, query: str) -> None:
+        site = self.server.site
+        method = "GET" if self.command == "HEAD" else self.command
+        expected = _ADMIN_ROUTES.get(path)
+        if expected is None:
+            self._json(404, {"error": "unknown admin endpoint"})
+        elif method != expected:
+            self._json(405, {"error": f"use {expected}"}, (("Allow", expected),))
+        elif path == "/_admin/stats":
+            self._json(200, site.stats())
+        elif path == "/_admin/catalog":
+            self._json(200, site.catalog.summary())
+        elif path == "/_admin/reset-stats":
+            site.reset_stats()
+            self._json(200, {"ok": True})
+        else:
+            values = parse_qs(query).get("count", [""])
+            if not values[-1].isascii() or not values[-1].isdigit():
+                self._json(400, {"error": "count must be a non-negative integer"})
+            else:
+                self._json(200, {"changed": site.reprice(int(values[-1]))})
+
+    def _discard_body(self) -> None:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            # Not worth parsing for an admin API; just don't reuse the stream.
+            self.close_connection = True
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = 0
+        if length > _MAX_BODY:
+            self.close_connection = True
+        elif length > 0:
+            self.rfile.read(length)
+
+    def _json(
+        self, status: int, data: object, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        body = json.dumps(data, sort_keys=True).encode("utf-8")
+        self._send(status, "application/json", body, headers)
+
+    def _send(
+        self,
+        status: int,
+        content_type: str,
+        body: bytes,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)

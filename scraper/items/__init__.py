@@ -1,0 +1,4 @@
+from .base import StoredItem, stored_item_types
+from .product import ProductItem
+
+__all__ = ["ProductItem", "StoredItem", "stored_item_types"]

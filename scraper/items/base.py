@@ -1,0 +1,49 @@
+"""Items that carry their own storage contract.
+
+An item type declares, on its Scrapy ``Field``s, everything the pipelines need:
+
+* ``sql``: the Postgres column type (fields without it are not stored);
+* ``clean``: which cleaner applies (``text``, ``price``, ``date``, ``url``);
+* ``required``, ``type``, ``max_length``, ``pattern``, ``minimum``: the validation schema;
+
+and, on the class, ``table`` and ``key`` (the natural key, the columns that identify one entity).
+The store pipeline creates and migrates the table from this; nothing is declared twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import scrapy
+
+_registry: dict[str, type["StoredItem"]] = {}
+
+
+class StoredItem(scrapy.Item):
+    table: ClassVar[str] = ""
+    key: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Scrapy's ItemMeta builds a hidden "x_" twin of each Item class first, without its
+        # collected ``fields`` and outside this class's hierarchy (so no zero-argument super()).
+        if "fields" not in cls.__dict__ or not cls.table:
+            return
+        missing = [name for name in cls.key if name not in cls.fields]
+        if not cls.key or missing:
+            raise TypeError(f"{cls.__name__}: key {cls.key!r} must name declared fields (missing: {missing})")
+        unstored = [name for name in cls.key if not cls.fields[name].get("sql")]
+        if unstored:
+            raise TypeError(f"{cls.__name__}: key fields {unstored} need an sql type")
+        _registry[cls.table] = cls
+
+    @classmethod
+    def columns(cls) -> dict[str, str]:
+        """Stored field name -> SQL type, in declaration order."""
+        return {name: meta["sql"] for name, meta in cls.fields.items() if meta.get("sql")}
+
+
+def stored_item_types() -> list[type[StoredItem]]:
+    """Every item type with a table, for migrations."""
+    from . import product  # noqa: F401  (registers the bundled types)
+
+    return list(_registry.values())

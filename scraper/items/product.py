@@ -1,0 +1,29 @@
+"""A product offered by a shop: the item type of the demo and the schema.org spiders."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from scrapy import Field
+
+from .base import StoredItem
+
+
+class ProductItem(StoredItem):
+    table = "products"
+    key = ("source", "sku")
+
+    # Which site the product comes from; filled with the spider's name when left empty.
+    source = Field(sql="text", required=True, type=str, max_length=200)
+    sku = Field(sql="text", required=True, clean="text", type=str, max_length=200)
+    title = Field(sql="text", required=True, clean="text", type=str, max_length=2000)
+    price = Field(sql="numeric(14,2)", required=True, clean="price", type=Decimal, minimum=0)
+    currency = Field(sql="text", required=True, type=str, pattern=r"^[A-Z]{3}$")
+    url = Field(sql="text", required=True, clean="url", type=str)
+    brand = Field(sql="text", clean="text", type=str, max_length=500)
+    description = Field(sql="text", clean="text", type=str)
+    category = Field(sql="text", clean="text", type=str)
+    availability = Field(sql="text", clean="text", type=str)
+    image = Field(sql="text", clean="url", type=str)
+    released_at = Field(sql="timestamptz", clean="date", type=datetime)

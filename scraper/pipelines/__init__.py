@@ -1,0 +1,1 @@
+"""Item pipelines, in order: clean -> validate -> dedupe -> store. One component per file."""

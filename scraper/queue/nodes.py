@@ -1,0 +1,61 @@
+"""Which crawl processes are working on a spider right now, across the cluster.
+
+A hash of node id -> last heartbeat. It answers one question safely: "am I the last node of a
+finished crawl?", so that the crawl's seen-set is dropped exactly once, by the last node out,
+and a finished crawl can be run again. A killed node simply stops heartbeating and ages out.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+# Leave; count the others still alive; if none and the queue is empty, drop the run's keys.
+_LEAVE = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+local now = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local live = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) >= now - ttl then live = live + 1 else redis.call('HDEL', KEYS[1], all[i]) end
+end
+if live == 0 and ARGV[4] == '1' and redis.call('ZCARD', KEYS[2]) == 0 then
+  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+  return -1
+end
+return live
+"""
+
+
+class NodeRegistry:
+    def __init__(self, server: Any, key: str, ttl: float = 60.0) -> None:
+        self.server = server
+        self.key = key
+        self.ttl = ttl
+        self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._last_beat = 0.0
+        self._leave = server.register_script(_LEAVE)
+
+    def beat(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_beat >= self.ttl / 6:
+            self.server.hset(self.key, self.node_id, now)
+            self._last_beat = now
+
+    def live_nodes(self) -> int:
+        now = time.time()
+        return sum(1 for beat in self.server.hvals(self.key) if float(beat) >= now - self.ttl)
+
+    def leave(self, queue_key: str, finished: bool, run_keys: list[str]) -> int:
+        """Deregister. Returns the number of other live nodes, or -1 when this node was the last
+        one out of a finished crawl and the run's keys were dropped."""
+        return int(
+            self._leave(
+                keys=[self.key, queue_key, *run_keys],
+                args=[self.node_id, time.time(), self.ttl, "1" if finished else "0"],
+            )
+        )

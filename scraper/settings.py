@@ -1,0 +1,97 @@
+"""Project settings. Everything a deployment changes comes from the environment, here and only here.
+
+Environment variables (all optional; the defaults run the embedded, single-machine setup):
+
+==========================  ==================================================================
+``REDIS_URL``               Shared queue and dupefilter, e.g. ``redis://:password@host:6379/0``.
+                            Unset: an embedded Redis under ``DATA_DIR``.
+``DATABASE_URL``            Postgres, e.g. ``postgresql://user:password@host:5432/db``.
+                            Unset: an embedded Postgres under ``DATA_DIR``.
+``DATA_DIR``                Where embedded servers keep their data (``.data``).
+``DEMO_SITE_URL``           Start URL of the ``demo`` spider (``http://127.0.0.1:8765/``).
+``CONCURRENT_REQUESTS``     Scrapy's global concurrency (32).
+``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
+``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
+``SCHEDULER_IDLE_TIMEOUT``  Seconds the shared queue must stay empty before a spider stops (10).
+``POSTGRES_BATCH_SIZE``     Rows per upsert batch (500).
+``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
+``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
+                            in seconds (3600); 0 refreshes it on every sighting (one write per row).
+``LOG_LEVEL``               Scrapy's log level (INFO).
+==========================  ==================================================================
+
+Passwords in the URLs never reach the logs: see :mod:`scraper.secrets`.
+"""
+
+import os
+
+BOT_NAME = "scraper"
+
+SPIDER_MODULES = ["scraper.spiders"]
+NEWSPIDER_MODULE = "scraper.spiders"
+COMMANDS_MODULE = "scraper.commands"
+TEMPLATES_DIR = os.path.join(os.path.dirname(__file__), "templates")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+# --- backends -------------------------------------------------------------------------------
+REDIS_URL = _env("REDIS_URL", "")
+DATABASE_URL = _env("DATABASE_URL", "")
+DATA_DIR = _env("DATA_DIR", ".data")
+
+# Resolves the URLs above (or starts the embedded servers) before any component is built.
+ADDONS = {"scraper.addon.BackendsAddon": 0}
+
+# --- crawling -------------------------------------------------------------------------------
+ROBOTSTXT_OBEY = True
+USER_AGENT = _env("USER_AGENT", "scraper (+https://example.invalid/bot)")
+CONCURRENT_REQUESTS = _env("CONCURRENT_REQUESTS", "32")
+CONCURRENT_REQUESTS_PER_DOMAIN = _env("CONCURRENT_REQUESTS_PER_DOMAIN", "16")
+DOWNLOAD_DELAY = _env("DOWNLOAD_DELAY", "0")
+DOWNLOAD_TIMEOUT = _env("DOWNLOAD_TIMEOUT", "60")
+# Numbers stay strings here: the add-on validates them at start and names a bad one.
+# Bound what one response may cost in memory (applies after decompression).
+DOWNLOAD_MAXSIZE = _env("DOWNLOAD_MAXSIZE", str(32 * 1024 * 1024))
+DOWNLOAD_WARNSIZE = _env("DOWNLOAD_WARNSIZE", str(8 * 1024 * 1024))
+# Measured: fewer items in flight per response keeps the reactor responsive at no cost.
+CONCURRENT_ITEMS = 16
+LOG_LEVEL = _env("LOG_LEVEL", "INFO")
+DEMO_SITE_URL = _env("DEMO_SITE_URL", "http://127.0.0.1:8765/")
+
+# Both execute code sent to them over a socket; nothing in production should.
+TELNETCONSOLE_ENABLED = False
+REMOTE_CONTROL_ENABLED = False
+
+# --- shared queue (scrapy-redis) --------------------------------------------------------------
+SCHEDULER = "scraper.queue.scheduler.SharedScheduler"
+SCHEDULER_QUEUE_CLASS = "scraper.queue.queues.PriorityQueue"
+SCHEDULER_SERIALIZER = "scraper.queue.serializer"
+SCHEDULER_IDLE_TIMEOUT = _env("SCHEDULER_IDLE_TIMEOUT", "10")
+SCHEDULER_DUPEFILTER_LOCAL_CACHE = _env("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "200000")
+DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
+
+# --- item pipelines, in order -----------------------------------------------------------------
+ITEM_PIPELINES = {
+    "scraper.pipelines.clean.CleanPipeline": 100,
+    "scraper.pipelines.validate.ValidatePipeline": 200,
+    "scraper.pipelines.dedupe.DedupePipeline": 300,
+    "scraper.pipelines.store.StorePipeline": 400,
+}
+POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "500")
+POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
+POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
+
+EXTENSIONS = {
+    "scraper.extensions.idle_close.IdleClose": 100,
+    "scraper.extensions.summary.CrawlSummary": 900,
+}
+
+FEED_EXPORT_ENCODING = "utf-8"
+
+SPIDER_MIDDLEWARES = {
+    "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,
+}

@@ -1,0 +1,1 @@
+"""Postgres: schema migrations and the batched, idempotent writer."""

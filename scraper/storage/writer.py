@@ -1,0 +1,326 @@
+"""The batched Postgres writer shared by the validate and store pipelines of one crawl.
+
+Items are buffered per table and written in batches (by size, by age, and on close) in a worker
+thread, one batch at a time on one connection, so the crawl loop never waits on the database.
+Each ``add`` returns a Deferred that fires with the row's outcome once its batch is committed:
+a pipeline that awaits it knows the item is durable, and a slow or absent database naturally
+slows the crawl down instead of filling memory.
+
+Transient failures (deadlock, serialization failure, a dropped connection) are retried with
+backoff; a row the database refuses (a value out of range, say) is isolated and reported as
+failed without failing the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+from psycopg2.extras import execute_values
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import defer, task, threads
+
+from ..items.base import StoredItem
+from ..secrets import redact
+from . import schema
+from .upsert import BatchResult, Row, TableUpserter
+
+logger = logging.getLogger(__name__)
+
+_RETRYABLE = (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure)
+_CONNECTION_LOST = (psycopg2.OperationalError, psycopg2.InterfaceError)
+_ROW_REFUSED = (psycopg2.DataError, psycopg2.IntegrityError, psycopg2.ProgrammingError)
+
+
+@dataclass
+class Pending:
+    row: Row
+    deferred: defer.Deferred
+
+
+class WriteFailed(Exception):
+    """The database refused a row, or stayed unreachable past the retry budget."""
+
+
+class PostgresWriter:
+    def __init__(
+        self,
+        dsn: str,
+        batch_size: int = 500,
+        flush_interval: float = 1.0,
+        last_seen_resolution: float = 3600.0,
+        retry_timeout: float = 300.0,
+        stats: Any = None,
+    ) -> None:
+        self.dsn = dsn
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.last_seen_resolution = last_seen_resolution
+        self.retry_timeout = retry_timeout
+        self.stats = stats
+        self._conn: Any = None
+        self._types: dict[str, type[StoredItem]] = {}
+        self._upserters: dict[str, TableUpserter] = {}
+        self._buffers: dict[str, list[Pending]] = defaultdict(list)
+        self._rejects: list[tuple[dict[str, Any], defer.Deferred]] = []
+        self._oldest: float | None = None
+        self._flushing: defer.Deferred | None = None
+        self._loop = task.LoopingCall(self._tick)
+        self._closed = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def open(self, item_types: list[type[StoredItem]]) -> None:
+        """Connect and migrate, synchronously: a crawl must not start without its tables."""
+        self._conn = self._connect()
+        schema.migrate(self._conn, item_types)
+        for item_type in item_types:
+            self._register(item_type)
+        self._loop.start(max(self.flush_interval / 4, 0.01), now=False)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._loop.running:
+            self._loop.stop()
+        while self.pending() or self._flushing is not None:
+            await maybe_deferred_to_future(self._flushing if self._flushing is not None else self._flush())
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def pending(self) -> int:
+        return sum(len(b) for b in self._buffers.values()) + len(self._rejects)
+
+    # --- adding -------------------------------------------------------------------------------
+    def add(self, item_type: type[StoredItem], row: Row) -> defer.Deferred:
+        """Queue *row*; the Deferred fires with ``inserted``/``updated``/``unchanged`` after commit."""
+        if item_type.table not in self._types:
+            self._register(item_type, migrate=True)
+        d: defer.Deferred = defer.Deferred()
+        self._buffers[item_type.table].append(Pending(row, d))
+        self._note_added()
+        return d
+
+    def add_reject(self, record: dict[str, Any]) -> defer.Deferred:
+        d: defer.Deferred = defer.Deferred()
+        self._rejects.append((record, d))
+        self._note_added()
+        return d
+
+    def _note_added(self) -> None:
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        if self.pending() >= self.batch_size and self._flushing is None:
+            self._flush()
+
+    def _tick(self) -> None:
+        if self._flushing is None and self._oldest is not None:
+            if time.monotonic() - self._oldest >= self.flush_interval or self.pending() >= self.batch_size:
+                self._flush()
+
+    def _register(self, item_type: type[StoredItem], migrate: bool = False) -> None:
+        if migrate:
+            # Not on self._conn: a flush may be using it in the worker thread right now.
+            conn = self._connect()
+            try:
+                schema.migrate(conn, [item_type])
+            finally:
+                conn.close()
+        self._types[item_type.table] = item_type
+        self._upserters[item_type.table] = TableUpserter(
+            item_type.table, list(item_type.columns()), item_type.key, self.last_seen_resolution
+        )
+
+    # --- flushing -----------------------------------------------------------------------------
+    def _flush(self) -> defer.Deferred:
+        batches = {table: buf[: self.batch_size] for table, buf in self._buffers.items() if buf}
+        for table, taken in batches.items():
+            del self._buffers[table][: len(taken)]
+        rejects, self._rejects = self._rejects[: self.batch_size], self._rejects[self.batch_size :]
+        self._oldest = time.monotonic() if self.pending() else None
+        started = time.monotonic()
+        d = threads.deferToThread(self._write, batches, [r for r, _ in rejects])
+        self._flushing = d
+
+        def done(results: dict[str, BatchResult]) -> None:
+            self._flushing = None
+            rows = 0
+            for table, pendings in batches.items():
+                result = results[table]
+                for p in pendings:
+                    rows += 1
+                    if p.row.key in result.failed:
+                        p.deferred.errback(WriteFailed(result.failed[p.row.key]))
+                    elif p.row.key in result.inserted:
+                        p.deferred.callback("inserted")
+                    elif p.row.key in result.updated:
+                        p.deferred.callback("updated")
+                    else:
+                        p.deferred.callback("unchanged")
+            for _, rd in rejects:
+                rd.callback("rejected")
+            if self.stats is not None:
+                self.stats.inc_value("postgres/batches")
+                self.stats.inc_value("postgres/rows_written", rows + len(rejects))
+                self.stats.inc_value("postgres/flush_seconds_total", time.monotonic() - started)
+            self._after_flush()
+
+        def failed(failure: Any) -> None:
+            self._flushing = None
+            message = redact(str(failure.value))
+            logger.error("Giving up on a batch of %d rows: %s", sum(map(len, batches.values())) + len(rejects), message)
+            if self.stats is not None:
+                self.stats.inc_value("postgres/write_failures")
+            for pendings in batches.values():
+                for p in pendings:
+                    p.deferred.errback(WriteFailed(message))
+            for _, rd in rejects:
+                rd.errback(WriteFailed(message))
+            self._after_flush()
+
+        d.addCallbacks(done, failed)
+        return d
+
+    def _after_flush(self) -> None:
+        # Keep draining while full batches wait, and always on close.
+        if self.pending() and (self._closed or self.pending() >= self.batch_size):
+            from twisted.internet import reactor
+
+            reactor.callLater(0, self._flush_if_idle)
+
+    def _flush_if_idle(self) -> None:
+        if self._flushing is None and self.pending():
+            self._flush()
+
+    # --- the worker thread --------------------------------------------------------------------
+    def _connect(self) -> Any:
+        conn = psycopg2.connect(self.dsn, connect_timeout=10, application_name="scraper")
+        conn.autocommit = False
+        return conn
+
+    def _write(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
+        deadline = time.monotonic() + self.retry_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                return self._write_once(batches, rejects)
+            except _RETRYABLE as exc:
+                self._rollback()
+                if attempt >= 10:
+                    raise
+                logger.info("Retrying a batch after %s (attempt %d)", type(exc).__name__, attempt)
+            except _CONNECTION_LOST as exc:
+                self._drop_connection()
+                if time.monotonic() >= deadline:
+                    raise
+                logger.warning("Database unavailable (%s); retrying the batch (attempt %d)", redact(" ".join(str(exc).split())), attempt)
+            time.sleep(min(10.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+
+    def _write_once(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
+        results: dict[str, BatchResult] = {}
+        with self._conn:  # one transaction for the whole flush
+            with self._conn.cursor() as cur:
+                for table in sorted(batches):
+                    rows = _last_per_key(p.row for p in batches[table])
+                    upserter = self._upserters[table]
+                    cur.execute("SAVEPOINT batch")
+                    try:
+                        results[table] = upserter.write(cur, rows)
+                        cur.execute("RELEASE SAVEPOINT batch")
+                    except _ROW_REFUSED:
+                        cur.execute("ROLLBACK TO SAVEPOINT batch")
+                        results[table] = self._write_row_by_row(cur, upserter, rows)
+                if rejects:
+                    _write_rejects(cur, rejects)
+        return results
+
+    def _write_row_by_row(self, cur: Any, upserter: TableUpserter, rows: list[Row]) -> BatchResult:
+        result = BatchResult()
+        for row in rows:
+            cur.execute("SAVEPOINT one_row")
+            try:
+                one = upserter.write(cur, [row])
+                cur.execute("RELEASE SAVEPOINT one_row")
+                result.inserted |= one.inserted
+                result.updated |= one.updated
+            except _ROW_REFUSED as exc:
+                cur.execute("ROLLBACK TO SAVEPOINT one_row")
+                result.failed[row.key] = "database refused the row: " + " ".join(str(exc).split())
+        return result
+
+    def _rollback(self) -> None:
+        try:
+            if self._conn is not None and not self._conn.closed:
+                self._conn.rollback()
+        except psycopg2.Error:
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.close()
+        except psycopg2.Error:
+            pass
+        self._conn = None
+
+
+def _last_per_key(rows: Any) -> list[Row]:
+    # The same key twice in one INSERT … ON CONFLICT is an error (21000): the last one wins.
+    unique: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        unique[row.key] = row
+    return list(unique.values())
+
+
+def _write_rejects(cur: Any, rejects: list[dict[str, Any]]) -> None:
+    unique = {r["id"]: r for r in rejects}
+    execute_values(
+        cur,
+        """
+        INSERT INTO rejects (id, spider, item_type, url, reasons, item) VALUES %s
+        ON CONFLICT (id) DO UPDATE SET last_seen = now(), times_seen = rejects.times_seen + 1
+        """,
+        [
+            (r["id"], r["spider"], r["item_type"], r.get("url"), r["reasons"], json.dumps(r["item"], default=str))
+            for r in sorted(unique.values(), key=lambda r: r["id"])
+        ],
+    )
+
+
+def writer_for(crawler: Any) -> PostgresWriter:
+    """The crawl's one writer: created, connected and migrated on first use, closed (and
+    drained) when the spider closes. Settings: ``POSTGRES_*``."""
+    writer = getattr(crawler, "_postgres_writer", None)
+    if writer is not None:
+        return writer
+    from scrapy import signals
+
+    from ..config import get_float, get_int
+    from ..items.base import stored_item_types
+
+    settings = crawler.settings
+    writer = PostgresWriter(
+        settings["DATABASE_URL"],
+        batch_size=get_int(settings, "POSTGRES_BATCH_SIZE", 500, minimum=1),
+        flush_interval=get_float(settings, "POSTGRES_FLUSH_INTERVAL", 1.0, minimum=0.01),
+        last_seen_resolution=get_float(settings, "POSTGRES_LAST_SEEN_RESOLUTION", 3600.0, minimum=0),
+        retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 300.0, minimum=0),
+        stats=crawler.stats,
+    )
+    writer.open(stored_item_types())
+    crawler._postgres_writer = writer
+
+    async def close_writer() -> None:
+        await writer.close()
+
+    crawler.signals.connect(close_writer, signal=signals.spider_closed, weak=False)
+    return writer

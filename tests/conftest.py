@@ -1,0 +1,135 @@
+"""Shared fixtures: real Redis, real Postgres, the real demo site, crawls as real processes.
+
+Redis and Postgres are this machine's services when ``REDIS_URL`` / ``DATABASE_URL`` name them
+(``.ci/run`` exports them), otherwise the embedded servers. Tests never touch the data they are
+pointed at: they use Redis database 15 and a Postgres database of their own, both emptied
+before each test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg2
+import pytest
+import redis
+
+from scraper import backends
+from scraper.demo_site import Catalog, DemoSite
+from scrapy.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_REDIS_DB = 15
+TEST_DATABASE = "scraper_test"
+
+
+def with_redis_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        query["db"] = str(db)
+        return f"unix://{parts.path}?{urlencode(query)}"
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+
+
+@dataclass
+class Services:
+    redis_url: str
+    database_url: str
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def query(self, sql: str, params: tuple | None = None) -> list[tuple]:
+        conn = psycopg2.connect(self.database_url)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    data_dir = tempfile.mkdtemp(prefix="scraper-test-")
+    found = backends.resolve(
+        Settings(
+            {
+                "REDIS_URL": os.environ.get("REDIS_URL", ""),
+                "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+                "DATA_DIR": data_dir,
+            }
+        )
+    )
+    admin = psycopg2.connect(found.database_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {TEST_DATABASE} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {TEST_DATABASE}")
+    admin.close()
+    return Services(with_redis_db(found.redis_url, TEST_REDIS_DB), with_database(found.database_url, TEST_DATABASE))
+
+
+@pytest.fixture
+def clean(services: Services) -> Services:
+    services.redis().flushdb()
+    conn = psycopg2.connect(services.database_url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    conn.close()
+    return services
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    return Catalog(products=120)
+
+
+@pytest.fixture
+def site(catalog: Catalog):
+    with DemoSite(catalog) as running:
+        yield running
+
+
+def crawl_env(services: Services, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+    env.update(
+        REDIS_URL=services.redis_url,
+        DATABASE_URL=services.database_url,
+        SCHEDULER_IDLE_TIMEOUT="1",
+        POSTGRES_FLUSH_INTERVAL="0.2",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def scrapy_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "scrapy", *args]
+
+
+def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run a scrapy command as a real process in the project folder."""
+    return subprocess.run(
+        scrapy_cmd(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def crawl(services: Services, site: DemoSite, spider: str = "demo", **extra: str) -> subprocess.CompletedProcess:
+    result = run_scrapy(crawl_env(services, DEMO_SITE_URL=site.url, **extra), "crawl", spider)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result
