@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from scrapy import Request, Spider
+from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_int
@@ -63,7 +64,15 @@ class SharedScheduler(Scheduler):
         )
         self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name))
         self._unserializable_logged: set[str] = set()
-        super().open(spider)
+        self.spider = spider
+        self.queue = load_object(self.queue_cls)(
+            server=self.server, spider=spider, key=self.queue_key % {"spider": spider.name}, serializer=self.serializer
+        )
+        if self.flush_on_start:
+            self.flush()
+        pending = len(self.queue)
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled in the shared queue)", pending)
         self.nodes.beat(force=True)
 
     def close(self, reason: str) -> None:

@@ -1,0 +1,58 @@
+"""Bad configuration fails at start with one line naming the setting, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+
+from conftest import crawl_env, run_scrapy
+
+CANARY = "canaryPass7731"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_one_line_error(result, setting: str) -> str:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {setting}:"), result.stderr[-2000:]
+    assert CANARY not in result.stderr + result.stdout
+    return lines[0]
+
+
+def test_unreachable_redis(services) -> None:
+    env = crawl_env(services, REDIS_URL=f"redis://:{CANARY}@127.0.0.1:{free_port()}/0")
+    line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "REDIS_URL")
+    assert "cannot connect" in line and ":***@" in line
+
+
+def test_unreachable_postgres(services) -> None:
+    env = crawl_env(services, DATABASE_URL=f"postgresql://u:{CANARY}@127.0.0.1:{free_port()}/db")
+    line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "DATABASE_URL")
+    assert "cannot connect" in line
+
+
+def test_malformed_urls(services) -> None:
+    env = crawl_env(services, REDIS_URL=f"http://:{CANARY}@127.0.0.1/")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "REDIS_URL")
+    env = crawl_env(services, DATABASE_URL=f"mysql://root:{CANARY}@127.0.0.1/db")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "DATABASE_URL")
+
+
+def test_malformed_number(services) -> None:
+    env = crawl_env(services, POSTGRES_BATCH_SIZE="lots")
+    line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "POSTGRES_BATCH_SIZE")
+    assert "'lots'" in line
+    env = crawl_env(services, CONCURRENT_REQUESTS="0")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "CONCURRENT_REQUESTS")
+
+
+def test_seed_and_migrate_report_the_same_way(services) -> None:
+    env = crawl_env(services, REDIS_URL=f"redis://:{CANARY}@127.0.0.1:{free_port()}/0")
+    check_one_line_error(run_scrapy(env, "seed", "demo", "http://127.0.0.1/"), "REDIS_URL")
+    env = crawl_env(services, DATABASE_URL=f"postgresql://u:{CANARY}@127.0.0.1:{free_port()}/db")
+    check_one_line_error(run_scrapy(env, "migrate"), "DATABASE_URL")

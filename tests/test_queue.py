@@ -1,0 +1,93 @@
+"""The shared queue: JSON serialization, refusal of what cannot be queued safely, persistence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import scrapy
+
+from scraper.queue import serializer
+from scraper.queue.queues import PriorityQueue, RequestSerializationError
+from scraper.queue.requests import request_from_dict
+from scraper.redis_client import get_redis
+
+
+class QueueSpider(scrapy.Spider):
+    name = "queue_test"
+
+    def parse_item(self, response):  # pragma: no cover - only referenced
+        pass
+
+
+@pytest.fixture
+def queue(clean):
+    return PriorityQueue(get_redis(clean.redis_url), QueueSpider(), "queue_test:requests")
+
+
+def test_request_round_trips_through_redis_as_json(queue) -> None:
+    spider = queue.spider
+    request = scrapy.Request(
+        "http://127.0.0.1/p?q=1",
+        callback=spider.parse_item,
+        method="POST",
+        body=b"\x00\xffbinary",
+        headers={"X-Test": "é"},
+        meta={"depth": 2, "nested": {"a": [1, 2.5, None, True]}, "tuple_key": {(1, 2): "x"}},
+        cb_kwargs={"page": 3},
+        priority=5,
+    )
+    queue.push(request)
+    raw = queue.server.zrange(queue.key, 0, 0)[0]
+    json.loads(raw)  # plain JSON on the wire, never pickle
+    assert not raw.startswith(b"\x80")
+    got = queue.pop()
+    assert got.url == request.url and got.method == "POST" and got.body == request.body
+    assert got.callback == spider.parse_item
+    assert got.headers.getlist("X-Test") == request.headers.getlist("X-Test")
+    assert got.meta["nested"] == {"a": [1, 2.5, None, True]}
+    assert got.meta["tuple_key"] == {(1, 2): "x"}
+    assert got.cb_kwargs == {"page": 3} and got.priority == 5
+
+
+def test_formrequest_subclass_survives(queue) -> None:
+    queue.push(scrapy.FormRequest("http://127.0.0.1/f", formdata={"a": "1"}))
+    got = queue.pop()
+    assert type(got) is scrapy.FormRequest and got.body == b"a=1"
+
+
+def test_unserializable_meta_is_a_clear_error_naming_spider_and_callback(queue) -> None:
+    request = scrapy.Request("http://127.0.0.1/x", callback=queue.spider.parse_item, meta={"conn": object()})
+    with pytest.raises(RequestSerializationError) as info:
+        queue.push(request)
+    message = str(info.value)
+    assert "queue_test" in message and "parse_item" in message and "meta" in message and "object" in message
+
+
+def test_lambda_callback_is_refused(queue) -> None:
+    with pytest.raises(RequestSerializationError, match="not a method of spider 'queue_test'"):
+        queue.push(scrapy.Request("http://127.0.0.1/x", callback=lambda r: None))
+
+
+def test_foreign_request_class_is_refused(queue) -> None:
+    data = {"url": "http://127.0.0.1/", "_class": "os.system"}
+    with pytest.raises(ValueError, match="not allowed"):
+        request_from_dict(data, queue.spider)
+
+
+def test_corrupt_entry_is_set_aside_not_lost(queue) -> None:
+    queue.server.zadd(queue.key, {b"\x80\x04garbage": 0})
+    queue.push(scrapy.Request("http://127.0.0.1/ok"))
+    popped = [queue.pop(), queue.pop()]
+    assert [r.url for r in popped if r] == ["http://127.0.0.1/ok"]
+    assert queue.server.lrange(f"{queue.key}:unreadable", 0, -1) == [b"\x80\x04garbage"]
+
+
+def test_serializer_escapes_values_that_look_like_tags() -> None:
+    data = {"url": "u", "meta": {"$b": "not bytes"}, "other": {"$d": [1]}}
+    assert serializer.loads(serializer.dumps(data)) == data
+
+
+def test_serializer_rejects_non_requests() -> None:
+    with pytest.raises(ValueError):
+        serializer.loads('["a list"]')
