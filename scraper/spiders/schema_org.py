@@ -58,7 +58,7 @@ class SchemaOrgSpider(CatalogSpider):
         super().__init__(**kwargs)
         self.start_urls = [url] if url else []
         self.max_pages = int(max_pages)
-        self._extractors: dict[str, LinkExtractor] = {}
+        self.links = LinkExtractor()
         self._pages = 0
 
     async def start(self) -> AsyncIterator[Any]:
@@ -69,6 +69,9 @@ class SchemaOrgSpider(CatalogSpider):
         if not self.is_html(response):
             return
         self._pages += 1
+        if not response.body.strip():
+            self.crawler.stats.inc_value("schema_org/empty_pages")
+            return
         try:
             data = extruct.extract(
                 response.text, base_url=response.url, syntaxes=["json-ld", "microdata"], uniform=True
@@ -80,12 +83,11 @@ class SchemaOrgSpider(CatalogSpider):
         for product in products_in(data):
             yield self.product_item(product, response)
         if self._pages < self.max_pages:
-            host = urlsplit(response.url).hostname or ""
-            extractor = self._extractors.get(host)
-            if extractor is None:
-                extractor = self._extractors[host] = LinkExtractor(allow_domains=[host])
-            for link in extractor.extract_links(response):
-                yield response.follow(link.url, callback=self.parse)
+            # By hostname: LinkExtractor's allow_domains compares host:port and misses ports.
+            host = urlsplit(response.url).hostname
+            for link in self.links.extract_links(response):
+                if urlsplit(link.url).hostname == host:
+                    yield response.follow(link.url, callback=self.parse)
 
     def product_item(self, product: dict[str, Any], response: Response) -> ProductItem:
         offer = _first(product.get("offers")) or {}

@@ -304,7 +304,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
         return writer
     from scrapy import signals
 
-    from ..config import get_float, get_int
+    from ..config import get_float, get_int, mask_url
     from ..items.base import stored_item_types
 
     settings = crawler.settings
@@ -317,6 +317,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
         stats=crawler.stats,
     )
     writer.open(stored_item_types())
+    logger.info("Storing items in %s", mask_url(settings["DATABASE_URL"]))
     crawler._postgres_writer = writer
 
     async def close_writer() -> None:
