@@ -13,7 +13,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
 ``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
 ``SCHEDULER_IDLE_TIMEOUT``  Seconds the shared queue must stay empty before a spider stops (10).
-``POSTGRES_BATCH_SIZE``     Rows per upsert batch (500).
+``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
+``POSTGRES_BATCH_SIZE``     Rows per upsert batch (1000).
 ``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
 ``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
                             in seconds (3600); 0 refreshes it on every sighting (one write per row).
@@ -72,6 +73,9 @@ SCHEDULER_QUEUE_CLASS = "scraper.queue.queues.PriorityQueue"
 SCHEDULER_SERIALIZER = "scraper.queue.serializer"
 SCHEDULER_IDLE_TIMEOUT = _env("SCHEDULER_IDLE_TIMEOUT", "10")
 SCHEDULER_DUPEFILTER_LOCAL_CACHE = _env("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "200000")
+# Requests taken from the shared queue per round trip. Higher is faster, but a killed worker
+# takes that many more requests with it (until at-least-once delivery lands).
+SCHEDULER_PREFETCH = _env("SCHEDULER_PREFETCH", "4")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
 
 # --- item pipelines, in order -----------------------------------------------------------------
@@ -81,7 +85,7 @@ ITEM_PIPELINES = {
     "scraper.pipelines.dedupe.DedupePipeline": 300,
     "scraper.pipelines.store.StorePipeline": 400,
 }
-POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "500")
+POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "1000")
 POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
 POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
 

@@ -1,10 +1,11 @@
 """Dedupe: the same entity seen twice in one crawl, on any node, is stored once.
 
-The natural key of each item is claimed in a Redis hash shared by the cluster (one round trip,
-``HSETNX``). The claim records the page that produced the item: the same page delivered again
-(a retry, or a redelivery after a worker died before committing) is not a duplicate, so an item
-is never lost to its own earlier, uncommitted attempt. The hash belongs to the crawl run and is
-dropped with the seen-set when the run completes.
+The natural key of each item is claimed in a Redis hash shared by the cluster. The claim records
+the page that produced the item: the same page delivered again (a retry, or a redelivery after a
+worker died before committing) is not a duplicate, so an item is never lost to its own earlier,
+uncommitted attempt. Claims travel in pipelined batches off the reactor thread
+(:mod:`scraper.redis_batcher`). The hash belongs to the crawl run and is dropped with the
+seen-set when the run completes.
 """
 
 from __future__ import annotations
@@ -13,23 +14,34 @@ import hashlib
 from typing import Any
 
 from scrapy.exceptions import DropItem
+from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
+from ..redis_batcher import RedisBatcher
 from ..redis_client import get_redis
+
+# Claim the key for this page, or learn which page claimed it first; one round trip.
+_CLAIM = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return ARGV[2] end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+LOCAL_CACHE_LIMIT = 500_000
 
 
 class DedupePipeline:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
-        self.server = get_redis(crawler.settings["REDIS_URL"])
+        server = get_redis(crawler.settings["REDIS_URL"])
+        self.batcher = RedisBatcher(server)
+        self.claim = server.register_script(_CLAIM)
         self._local: dict[bytes, str] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "DedupePipeline":
         return cls(crawler)
 
-    def process_item(self, item: Any) -> Any:
+    async def process_item(self, item: Any) -> Any:
         if not isinstance(item, StoredItem):
             return item
         key = "\0".join([item.table, *(str(item.get(k)) for k in item.key)])
@@ -38,11 +50,11 @@ class DedupePipeline:
         owner = self._local.get(digest)
         if owner is None:
             hkey = items_seen_key(self.crawler.spider.name)
-            if self.server.hsetnx(hkey, digest.hex(), origin):
-                owner = origin
-            else:
-                owner = (self.server.hget(hkey, digest.hex()) or b"").decode()
-            if len(self._local) >= 500_000:
+            reply = await maybe_deferred_to_future(
+                self.batcher.call(lambda pipe: self.claim(keys=[hkey], args=[digest.hex(), origin], client=pipe))
+            )
+            owner = reply.decode() if isinstance(reply, bytes) else str(reply or "")
+            if len(self._local) >= LOCAL_CACHE_LIMIT:
                 self._local.clear()  # Redis is the authority; this only saves round trips
             self._local[digest] = owner
         if owner == origin:

@@ -37,17 +37,25 @@ class SharedDupeFilter(RFPDupeFilter):
     def request_fingerprint(self, request: Request) -> str:
         return self.fingerprinter.fingerprint(request).hex()
 
-    def request_seen(self, request: Request) -> bool:
+    def seen_locally(self, request: Request) -> tuple[bool, str]:
+        """Answer from this process' memory alone: (seen before here, hex fingerprint).
+
+        A request not seen here is remembered as seen: the caller is about to claim it in
+        Redis (see :meth:`request_seen`, or the scheduler's one-round-trip push)."""
         fp = self.fingerprinter.fingerprint(request)
         if fp in self._local:
             if self.stats is not None:
                 self.stats.inc_value("dupefilter/local_hits")
-            return True
+            return True, ""
         if len(self._local) >= self.local_cache_size:
             # Redis holds the truth, so forgetting the local copy only costs round trips.
             self._local.clear()
         self._local.add(fp)
-        return self.server.sadd(self.key, fp.hex()) == 0
+        return False, fp.hex()
+
+    def request_seen(self, request: Request) -> bool:
+        seen, fp = self.seen_locally(request)
+        return seen or self.server.sadd(self.key, fp) == 0
 
     def forget_local(self) -> None:
         self._local.clear()

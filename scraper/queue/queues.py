@@ -26,10 +26,64 @@ class RequestSerializationError(Exception):
     """A request cannot be put in the shared queue."""
 
 
+# Mark the fingerprint seen and queue the request in one round trip, atomically.
+_PUSH_IF_NEW = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
 class PriorityQueue(_RedisPriorityQueue):
-    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = serializer) -> None:
+    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = serializer, prefetch: int = 1) -> None:
         super().__init__(server, spider, key, serializer or globals()["serializer"])
         self._callback_names: dict[Any, str] = {}
+        self._push_if_new = server.register_script(_PUSH_IF_NEW)
+        self.prefetch = max(1, prefetch)
+        # Requests encoded but not yet sent: (seen-set key or None, fingerprint, score, data).
+        self._staged: list[tuple[str | None, str, float, str]] = []
+        # Requests taken from Redis but not yet handed to the engine: (data, score).
+        self._prefetched: list[tuple[bytes, float]] = []
+
+    def push_if_new(self, request: Request, seen_key: str, fingerprint: str) -> bool:
+        """Queue *request* unless *fingerprint* is in the set *seen_key*; True if queued."""
+        data = self._encode_request(request)
+        return bool(self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, -request.priority, data]))
+
+    def stage(self, request: Request, seen_key: str | None = None, fingerprint: str = "") -> None:
+        """Encode *request* now (errors surface to the caller), send it with the next flush.
+
+        A page yields its links in one burst; sending them in one pipelined round trip
+        instead of one each is most of the difference to a local scheduler."""
+        self._staged.append((seen_key, fingerprint, -request.priority, self._encode_request(request)))
+
+    def flush_staged(self) -> tuple[int, int]:
+        """Send staged requests; returns (queued, already seen by another process)."""
+        if not self._staged:
+            return 0, 0
+        staged, self._staged = self._staged, []
+        pipe = self.server.pipeline(transaction=False)
+        for seen_key, fingerprint, score, data in staged:
+            if seen_key is None:
+                pipe.execute_command("ZADD", self.key, score, data)
+            else:
+                self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, score, data], client=pipe)
+        results = pipe.execute()
+        queued = sum(1 for r in results if r)
+        return queued, len(results) - queued
+
+    def local_pending(self) -> int:
+        return len(self._staged) + len(self._prefetched)
+
+    def return_prefetched(self) -> int:
+        """Put requests taken but never handed out back into the shared queue (on close)."""
+        if not self._prefetched:
+            return 0
+        taken, self._prefetched = self._prefetched, []
+        self.server.zadd(self.key, {data: score for data, score in taken})
+        return len(taken)
 
     def _encode_request(self, request: Request) -> str:
         try:
@@ -44,19 +98,18 @@ class PriorityQueue(_RedisPriorityQueue):
         return request_from_dict(self.serializer.loads(encoded_request), self.spider)
 
     def pop(self, timeout: int = 0) -> Request | None:
-        # Atomic take of the best-scored entry; a corrupt entry is logged and skipped rather
-        # than crashing the engine loop.
-        pipe = self.server.pipeline()
-        pipe.multi()
-        pipe.zrange(self.key, 0, 0).zremrangebyrank(self.key, 0, 0)
-        results, _count = pipe.execute()
-        if not results:
-            return None
+        # ZPOPMIN takes the best-scored entries atomically, several per round trip when
+        # prefetching. A corrupt entry is set aside rather than crashing the engine loop.
+        if not self._prefetched:
+            self._prefetched = list(reversed(self.server.zpopmin(self.key, self.prefetch)))
+            if not self._prefetched:
+                return None
+        data, _score = self._prefetched.pop()
         try:
-            return self._decode_request(results[0])
+            return self._decode_request(data)
         except (ValueError, TypeError, KeyError) as exc:
             # Kept aside, not lost: an operator can inspect and requeue it.
-            self.server.rpush(f"{self.key}:unreadable", results[0])
+            self.server.rpush(f"{self.key}:unreadable", data)
             logger.error(
                 "Moved an unreadable request from %s to %s:unreadable: %s", self.key, self.key, exc
             )

@@ -51,6 +51,7 @@ class SharedScheduler(Scheduler):
         instance.stats = crawler.stats
         instance.local_cache_size = get_int(settings, "SCHEDULER_DUPEFILTER_LOCAL_CACHE", 200_000, minimum=0)
         instance.debug = settings.getbool("DUPEFILTER_DEBUG")
+        instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
         return instance
 
     def open(self, spider: Spider) -> None:
@@ -65,8 +66,13 @@ class SharedScheduler(Scheduler):
         self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name))
         self._unserializable_logged: set[str] = set()
         self.spider = spider
+        self._flush_call: Any = None
         self.queue = load_object(self.queue_cls)(
-            server=self.server, spider=spider, key=self.queue_key % {"spider": spider.name}, serializer=self.serializer
+            server=self.server,
+            spider=spider,
+            key=self.queue_key % {"spider": spider.name},
+            serializer=self.serializer,
+            prefetch=self.prefetch,
         )
         if self.flush_on_start:
             self.flush()
@@ -76,6 +82,10 @@ class SharedScheduler(Scheduler):
         self.nodes.beat(force=True)
 
     def close(self, reason: str) -> None:
+        self.flush_staged()
+        returned = self.queue.return_prefetched()
+        if returned:
+            logger.info("Returned %d prefetched requests to the shared queue", returned)
         finished = reason == "finished"
         outcome = self.nodes.leave(self.queue.key, finished, keys.crawl_scoped_keys(self.spider.name))
         if outcome == -1:
@@ -95,11 +105,17 @@ class SharedScheduler(Scheduler):
         self.queue.clear()
 
     def enqueue_request(self, request: Request) -> bool:
-        if not request.dont_filter and self.df.request_seen(request):
-            self.df.log(request, self.spider)
-            return False
+        # Returns True for a request staged for the next flush even if Redis then finds
+        # another node saw it first; those are counted as dupefilter/filtered_shared.
         try:
-            self.queue.push(request)
+            if request.dont_filter:
+                self.queue.stage(request)
+            else:
+                seen, fp = self.df.seen_locally(request)
+                if seen:
+                    self.df.log(request, self.spider)
+                    return False
+                self.queue.stage(request, self.df.key, fp)
         except RequestSerializationError as exc:
             self.stats.inc_value("scheduler/unserializable")
             message = str(exc)
@@ -108,15 +124,31 @@ class SharedScheduler(Scheduler):
                 self._unserializable_logged.add(first_line)
                 logger.error("%s (further requests from this callback that fail the same way are only counted)", message)
             return False
-        self.stats.inc_value("scheduler/enqueued/redis")
+        if self.queue.local_pending() >= 100:
+            self.flush_staged()
+        elif self._flush_call is None:
+            from twisted.internet import reactor
+
+            self._flush_call = reactor.callLater(0, self.flush_staged)
         return True
+
+    def flush_staged(self) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        queued, filtered = self.queue.flush_staged()
+        if queued:
+            self.stats.inc_value("scheduler/enqueued/redis", queued)
+        if filtered:
+            self.stats.inc_value("dupefilter/filtered_shared", filtered)
 
     def next_request(self) -> Request | None:
         self.nodes.beat()
+        self.flush_staged()
         request = self.queue.pop()
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
         return request
 
     def has_pending_requests(self) -> bool:
-        return len(self.queue) > 0
+        return self.queue.local_pending() > 0 or len(self.queue) > 0

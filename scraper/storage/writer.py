@@ -53,7 +53,7 @@ class PostgresWriter:
     def __init__(
         self,
         dsn: str,
-        batch_size: int = 500,
+        batch_size: int = 1000,
         flush_interval: float = 1.0,
         last_seen_resolution: float = 3600.0,
         retry_timeout: float = 300.0,
@@ -248,7 +248,7 @@ class PostgresWriter:
         for row in rows:
             cur.execute("SAVEPOINT one_row")
             try:
-                one = upserter.write(cur, [row])
+                one = upserter.write(cur, [row], again=True)
                 cur.execute("RELEASE SAVEPOINT one_row")
                 result.inserted |= one.inserted
                 result.updated |= one.updated
@@ -310,7 +310,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
     settings = crawler.settings
     writer = PostgresWriter(
         settings["DATABASE_URL"],
-        batch_size=get_int(settings, "POSTGRES_BATCH_SIZE", 500, minimum=1),
+        batch_size=get_int(settings, "POSTGRES_BATCH_SIZE", 1000, minimum=1),
         flush_interval=get_float(settings, "POSTGRES_FLUSH_INTERVAL", 1.0, minimum=0.01),
         last_seen_resolution=get_float(settings, "POSTGRES_LAST_SEEN_RESOLUTION", 3600.0, minimum=0),
         retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 300.0, minimum=0),

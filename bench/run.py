@@ -1,0 +1,221 @@
+"""Benchmarks, in one run, as ratios: `make bench` (or `.venv/bin/python bench/run.py`).
+
+1. Crawl throughput on the demo shop (>= 5,000 pages), the same spider both times:
+   (a) plain Scrapy: memory scheduler, no item pipelines (items dropped);
+   (b) the whole pipeline: shared Redis scheduler + clean/validate/dedupe/store into Postgres.
+   Prints pages/s, CPU per page and peak memory of each, and the ratio (b)/(a).
+2. Upsert throughput on the same Postgres, against two baselines: a plain COPY into an indexed
+   table (the bulk-load limit) and the textbook bulk upsert (COPY everything into a staging
+   table, one ``INSERT … SELECT … ON CONFLICT DO UPDATE``). Ours runs in batches as the crawl
+   does, with the content-hash skip; it is measured on new rows and on the same rows again.
+
+Uses REDIS_URL / DATABASE_URL when set, the embedded servers otherwise. It writes only to
+Redis database 14 and a Postgres database ``scraper_bench``, which it recreates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg2  # noqa: E402
+import redis  # noqa: E402
+from scrapy.settings import Settings  # noqa: E402
+
+from scraper import backends  # noqa: E402
+from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
+
+BENCH_DB = "scraper_bench"
+
+PLAIN = [
+    "-s", "SCHEDULER=scrapy.core.scheduler.Scheduler",
+    "-s", "DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter",
+    "-s", "ITEM_PIPELINES={}",
+    "-s", "ADDONS={}",
+    "-s", "EXTENSIONS={}",
+    "-s", "SPIDER_MIDDLEWARES={}",
+]
+
+
+def start_site(products: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scraper.demo_site", "--port", "0", "--products", str(products)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    match = re.search(r"(http://\S+/)", line)
+    if not match:
+        proc.kill()
+        raise SystemExit(f"demo site did not start: {line!r}")
+    return proc, match.group(1)
+
+
+def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr[-4000:])
+        raise SystemExit("crawl failed")
+    stat = lambda name: float(re.search(rf"'{name}': ([\d.]+)", result.stderr).group(1))  # noqa: E731
+    pages = stat("response_received_count")
+    elapsed = stat("elapsed_time_seconds")
+    items = re.search(r"'item_scraped_count': (\d+)", result.stderr)
+    return {
+        "pages": pages,
+        "items": float(items.group(1)) if items else 0.0,
+        "elapsed": elapsed,
+        "wall": wall,
+        "pages_per_s": pages / elapsed,
+        "cpu_ms_per_page": 1000 * ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) / pages,
+        "peak_rss_mb": after.ru_maxrss / 1024,
+    }
+
+
+def with_redis_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}?db={db}"
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+
+
+def recreate_database(url: str) -> str:
+    admin = psycopg2.connect(url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {BENCH_DB}")
+    admin.close()
+    return with_database(url, BENCH_DB)
+
+
+def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
+    columns = {"source": "text", "sku": "text", "title": "text", "price": "numeric(14,2)", "currency": "text",
+               "url": "text", "brand": "text", "description": "text"}
+    data = [
+        {"source": "bench", "sku": f"SKU-{i:08d}", "title": f"Product {i}", "price": Decimal(i % 5000) / 7,
+         "currency": "EUR", "url": f"http://shop.example/p/{i}", "brand": f"Brand {i % 97}",
+         "description": "A fine product, " * 4}
+        for i in range(rows)
+    ]
+    for d in data:
+        d["price"] = d["price"].quantize(Decimal("0.01"))
+    conn = psycopg2.connect(dsn)
+    cols_sql = ", ".join(f"{c} {t}" for c, t in columns.items())
+    with conn, conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS bench_copy, bench_reference, bench_upsert")
+        cur.execute(f"CREATE TABLE bench_copy ({cols_sql}, PRIMARY KEY (source, sku))")
+        cur.execute(f"CREATE TABLE bench_reference ({cols_sql}, PRIMARY KEY (source, sku))")
+        cur.execute(f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
+                    " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
+                    " updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (source, sku))")
+    names = ", ".join(columns)
+
+    def text() -> io.StringIO:
+        return io.StringIO("".join(copy_line([d[c] for c in columns]) + "\n" for d in data))
+
+    # The bulk-load limit: one COPY of every row into an indexed table, no conflict handling.
+    started = time.monotonic()
+    with conn, conn.cursor() as cur:
+        cur.copy_expert(f"COPY bench_copy ({names}) FROM STDIN", text())
+    copy_rate = rows / (time.monotonic() - started)
+
+    # The textbook bulk upsert, in one statement for all rows.
+    started = time.monotonic()
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE bench_stage (LIKE bench_reference) ON COMMIT DROP")
+        cur.copy_expert(f"COPY bench_stage ({names}) FROM STDIN", text())
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in ("source", "sku"))
+        cur.execute(f"INSERT INTO bench_reference ({names}) SELECT {names} FROM bench_stage"
+                    f" ON CONFLICT (source, sku) DO UPDATE SET {updates}")
+    reference_rate = rows / (time.monotonic() - started)
+
+    upserter = TableUpserter("bench_upsert", list(columns), ("source", "sku"), last_seen_resolution=3600)
+    prepared = [Row(key=(d["source"], d["sku"]), values=d) for d in data]
+
+    def run() -> float:
+        started = time.monotonic()
+        for i in range(0, rows, batch):
+            with conn, conn.cursor() as cur:
+                upserter.write(cur, prepared[i : i + batch])
+        return rows / (time.monotonic() - started)
+
+    new_rate = run()
+    unchanged_rate = run()
+    conn.close()
+    return {"copy": copy_rate, "reference": reference_rate, "upsert_new": new_rate,
+            "upsert_unchanged": unchanged_rate}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--products", type=int, default=5000)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    args = parser.parse_args()
+
+    found = backends.resolve(Settings({
+        "REDIS_URL": os.environ.get("REDIS_URL", ""),
+        "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+        "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
+    }))
+    redis_url = with_redis_db(found.redis_url, 14)
+    redis.Redis.from_url(redis_url).flushdb()
+    dsn = recreate_database(found.database_url)
+    print(f"backends: Redis {'embedded' if found.embedded_redis else 'server'}, "
+          f"Postgres {'embedded' if found.embedded_postgres else 'server'}", flush=True)
+
+    site, url = start_site(args.products)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+        print(f"crawling {url} ({args.products} products) with plain Scrapy ...", flush=True)
+        plain = crawl(env, PLAIN)
+        print(f"crawling it again through the whole pipeline ...", flush=True)
+        full = crawl(env, [])
+    finally:
+        site.terminate()
+        site.wait()
+
+    print()
+    print(f"{'':24}{'pages':>8}{'items':>8}{'pages/s':>10}{'CPU ms/page':>13}{'peak RSS MB':>13}")
+    for name, r in (("plain Scrapy", plain), ("whole pipeline", full)):
+        print(f"{name:24}{r['pages']:>8.0f}{r['items']:>8.0f}{r['pages_per_s']:>10.1f}"
+              f"{r['cpu_ms_per_page']:>13.2f}{r['peak_rss_mb']:>13.0f}")
+    print(f"ratio whole pipeline / plain Scrapy: {full['pages_per_s'] / plain['pages_per_s']:.2f}x")
+
+    print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
+    up = upsert_bench(dsn, args.rows, args.batch)
+    print(f"{'plain COPY (bulk-load limit)':40}{up['copy']:>10.0f} rows/s")
+    print(f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
+          f"({up['reference'] / up['copy']:.2f}x COPY)")
+    for label, name in (("ours, new rows", "upsert_new"), ("ours, same rows again (unchanged)", "upsert_unchanged")):
+        print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
+              f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
+
+
+if __name__ == "__main__":
+    main()
