@@ -121,10 +121,10 @@ def scrapy_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "scrapy", *args]
 
 
-def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run a scrapy command as a real process in the project folder."""
     return subprocess.run(
-        scrapy_cmd(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        scrapy_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

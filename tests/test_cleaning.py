@@ -330,3 +330,33 @@ DOMAIN_TABLE = [
 @pytest.mark.parametrize(("url", "expected"), DOMAIN_TABLE)
 def test_url_domain(url: str, expected: str) -> None:
     assert url_domain(url) == expected
+
+
+# The fast path for common English layouts must answer exactly as dateparser would.
+_FAST_PATH_INPUTS = [
+    "12 Nov 2026", "1 January 2027", "12 Sept 2026", "Nov 12, 2026", "November 12, 2026",
+    "Nov 12 2026", "Nov 12, 2026 3:45 PM", "Nov 12, 2026 12:05 am", "12 Nov 2026 23:59",
+    "12.11.2026", "11/12/2026", "1-2-2026", "31.12.2026", "Feb 29, 2024", "Dec 1st, 2026",
+]
+
+
+@pytest.mark.parametrize("text", _FAST_PATH_INPUTS)
+@pytest.mark.parametrize("order", [None, "DMY", "MDY"])
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
+def test_fast_path_agrees_with_dateparser(text: str, order: str | None, zone: str) -> None:
+    from scraper.cleaning.dates import _parse_common, _parse_text, _ABSOLUTE_PARSERS
+
+    slow = _parse_text(text, order, zone, ("en",), _ABSOLUTE_PARSERS)
+    fast = _parse_common(text, order, zone)
+    if fast is None:  # not for the fast path (e.g. 31.12.2026 read month first): dateparser decides
+        assert order != "DMY" and text == "31.12.2026"
+    else:
+        assert fast == slow
+    assert parse_date(text, order, zone) == slow
+
+
+@pytest.mark.parametrize("text", ["31 Feb 2026", "Nov 32, 2026", "13/13/2026", "Smarch 3, 2026"])
+def test_fast_path_never_invents_impossible_dates(text: str) -> None:
+    from scraper.cleaning.dates import _parse_common
+
+    assert _parse_common(text, "DMY", "UTC") is None
