@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 import psycopg2  # noqa: E402
 import redis  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
@@ -50,9 +51,10 @@ PLAIN = [
 ]
 
 
-def start_site(products: int) -> tuple[subprocess.Popen, str]:
+def start_site(products: int, delay_ms: int = 0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scraper.demo_site", "--port", "0", "--products", str(products)],
+        [sys.executable, "-m", "scraper.demo_site", "--port", "0", "--products", str(products),
+         "--delay-ms", str(delay_ms)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )
     line = proc.stdout.readline()
@@ -66,15 +68,27 @@ def start_site(products: int) -> tuple[subprocess.Popen, str]:
 def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "scrapy", "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scrapy", "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
+        )
+        peak = 0
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                peak = max(peak, watched.memory_info().rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+        log.seek(0)
+        stderr = log.read()
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr[-4000:])
+    if proc.returncode != 0:
+        sys.stderr.write(stderr[-4000:])
         raise SystemExit("crawl failed")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     stat = lambda name: float(re.search(rf"'{name}': ([\d.]+)", result.stderr).group(1))  # noqa: E731
     pages = stat("response_received_count")
     elapsed = stat("elapsed_time_seconds")
@@ -86,7 +100,7 @@ def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
         "wall": wall,
         "pages_per_s": pages / elapsed,
         "cpu_ms_per_page": 1000 * ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) / pages,
-        "peak_rss_mb": after.ru_maxrss / 1024,
+        "peak_rss_mb": peak / 2**20,
     }
 
 
@@ -175,6 +189,8 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=5000)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
+                        help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
     args = parser.parse_args()
 
     found = backends.resolve(Settings({
@@ -188,24 +204,26 @@ def main() -> None:
     print(f"backends: Redis {'embedded' if found.embedded_redis else 'server'}, "
           f"Postgres {'embedded' if found.embedded_postgres else 'server'}", flush=True)
 
-    site, url = start_site(args.products)
-    try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
-               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
-        print(f"crawling {url} ({args.products} products) with plain Scrapy ...", flush=True)
-        plain = crawl(env, PLAIN)
-        print(f"crawling it again through the whole pipeline ...", flush=True)
-        full = crawl(env, [])
-    finally:
-        site.terminate()
-        site.wait()
-
-    print()
-    print(f"{'':24}{'pages':>8}{'items':>8}{'pages/s':>10}{'CPU ms/page':>13}{'peak RSS MB':>13}")
-    for name, r in (("plain Scrapy", plain), ("whole pipeline", full)):
-        print(f"{name:24}{r['pages']:>8.0f}{r['items']:>8.0f}{r['pages_per_s']:>10.1f}"
-              f"{r['cpu_ms_per_page']:>13.2f}{r['peak_rss_mb']:>13.0f}")
-    print(f"ratio whole pipeline / plain Scrapy: {full['pages_per_s'] / plain['pages_per_s']:.2f}x")
+    for delay in args.latency:
+        site, url = start_site(args.products, delay)
+        try:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+            where = f"{url} ({args.products} products, {delay} ms per page)"
+            print(f"\ncrawling {where} with plain Scrapy ...", flush=True)
+            plain = crawl(env, PLAIN)
+            print("crawling it again through the whole pipeline ...", flush=True)
+            full = crawl(env, [])
+        finally:
+            site.terminate()
+            site.wait()
+        print(f"{'':24}{'pages':>8}{'items':>8}{'pages/s':>10}{'CPU ms/page':>13}{'peak RSS MB':>13}")
+        for name, r in (("plain Scrapy", plain), ("whole pipeline", full)):
+            print(f"{name:24}{r['pages']:>8.0f}{r['items']:>8.0f}{r['pages_per_s']:>10.1f}"
+                  f"{r['cpu_ms_per_page']:>13.2f}{r['peak_rss_mb']:>13.0f}")
+        print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: "
+              f"{full['pages_per_s'] / plain['pages_per_s']:.2f}x pages/s, "
+              f"{full['cpu_ms_per_page'] / plain['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
 
     print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
     up = upsert_bench(dsn, args.rows, args.batch)

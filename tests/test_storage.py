@@ -101,3 +101,35 @@ def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     assert outcome.inserted == {("s", "ok1"), ("s", "ok2")}
     assert list(outcome.failed) == [("s", "huge")] and "numeric field overflow" in outcome.failed[("s", "huge")]
     writer._conn.close()
+
+
+def test_writer_retries_a_serialization_failure(clean, caplog) -> None:
+    import threading
+
+    serializable = clean.database_url + ("&" if "?" in clean.database_url else "?") + \
+        "options=-c%20default_transaction_isolation%3Dserializable"
+    writer = PostgresWriter(serializable)
+    writer._conn = writer._connect()
+    schema.migrate(writer._conn, [Gadget])
+    writer._register(Gadget)
+    write(writer._conn, [row("x", "v0")])
+
+    # Another worker holds the row in an open serializable transaction...
+    other = psycopg2.connect(serializable)
+    with other.cursor() as cur:
+        cur.execute("UPDATE gadgets SET name = 'v1', content_hash = 'h1' WHERE code = 'x'")
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(writer._write({"gadgets": [Pending(row("x", "v2"), None)]}, [])))
+    with caplog.at_level("INFO"):
+        thread.start()
+        thread.join(timeout=1)
+        assert thread.is_alive()  # ...so our batch waits on its lock,
+        other.commit()  # and fails with 40001 once that transaction commits,
+        thread.join(timeout=30)
+    assert results and results[0]["gadgets"].updated == {("s", "x")}  # then succeeds on retry.
+    assert "Retrying a batch after SerializationFailure" in caplog.text
+    with other.cursor() as cur:
+        cur.execute("SELECT name FROM gadgets WHERE code = 'x'")
+        assert cur.fetchone() == ("v2",)
+    other.close()
+    writer._conn.close()
