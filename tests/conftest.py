@@ -2,8 +2,9 @@
 
 Redis and Postgres are this machine's services when ``REDIS_URL`` / ``DATABASE_URL`` name them
 (``.ci/run`` exports them), otherwise the embedded servers. Tests never touch the data they are
-pointed at: they use Redis database 15 and a Postgres database of their own, both emptied
-before each test.
+pointed at: each test session claims one of Redis databases 8-15 (a lock key in database 0) and
+a Postgres database of the same number, both emptied before each test, so two test runs on one
+machine do not interfere.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from scraper.demo_site import Catalog, DemoSite
 from scrapy.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_REDIS_DB = 15
-TEST_DATABASE = "scraper_test"
+TEST_REDIS_DBS = range(15, 7, -1)
 
 
 def with_redis_db(url: str, db: int) -> str:
@@ -62,7 +62,7 @@ class Services:
 
 
 @pytest.fixture(scope="session")
-def services() -> Services:
+def services():
     data_dir = tempfile.mkdtemp(prefix="scraper-test-")
     found = backends.resolve(
         Settings(
@@ -73,13 +73,22 @@ def services() -> Services:
             }
         )
     )
+    locks = redis.Redis.from_url(with_redis_db(found.redis_url, 0))
+    lock = db = None
+    for candidate in TEST_REDIS_DBS:
+        if locks.set(f"scraper:test-session:{candidate}", os.getpid(), nx=True, ex=6 * 3600):
+            lock, db = f"scraper:test-session:{candidate}", candidate
+            break
+    assert db is not None, "Redis databases 8-15 are all claimed by other test sessions"
+    database = f"scraper_test_{db}"
     admin = psycopg2.connect(found.database_url)
     admin.autocommit = True
     with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {TEST_DATABASE} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {TEST_DATABASE}")
+        cur.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {database}")
     admin.close()
-    return Services(with_redis_db(found.redis_url, TEST_REDIS_DB), with_database(found.database_url, TEST_DATABASE))
+    yield Services(with_redis_db(found.redis_url, db), with_database(found.database_url, database))
+    locks.delete(lock)
 
 
 @pytest.fixture

@@ -29,13 +29,24 @@ class Command(ScrapyCommand):
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--products", type=int, default=500, help="products in the demo shop (500)")
-        parser.add_argument("--port", type=int, default=0, help="port of the demo shop (a free one)")
+        parser.add_argument(
+            "--port", type=int, default=8765,
+            help="port of the demo shop (8765); product URLs include it, so keep it fixed between runs",
+        )
         parser.add_argument("--reprice", type=int, default=0, help="change the price of N products")
 
     def run(self, args: list[str], opts: Namespace) -> None:
         assert self.crawler_process
         catalog = Catalog(products=opts.products, reprice=opts.reprice)
-        site = DemoSite(catalog, port=opts.port).start()
+        try:
+            site = DemoSite(catalog, port=opts.port).start()
+        except OSError as exc:
+            site = DemoSite(catalog, port=0).start()
+            print(
+                f"demo: port {opts.port} is busy ({exc.strerror}); serving on {site.port} instead. "
+                "Product URLs include the port, so rows from earlier runs will count as updated.",
+                file=sys.stderr,
+            )
         try:
             crawler = self.crawler_process.create_crawler("demo")
             crawler.settings.set("DEMO_SITE_URL", site.url, priority="cmdline")
