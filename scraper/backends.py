@@ -9,7 +9,6 @@ checked once at start; a bad or unreachable one raises :class:`ConfigError` nami
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -155,6 +154,3 @@ def apply(settings: BaseSettings, priority: str = "cmdline") -> Backends:
     settings.set("DATABASE_URL", backends.database_url, priority=priority)
     return backends
 
-
-def data_dir(settings: BaseSettings) -> Path:
-    return Path(str(settings.get("DATA_DIR") or os.environ.get("DATA_DIR") or ".data"))

@@ -15,7 +15,7 @@ from typing import Any
 from scrapy import Request
 from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
-from . import serializer
+from . import serializer as json_serializer
 from .requests import request_from_dict, request_to_dict
 from .serializer import SerializationError
 
@@ -37,8 +37,8 @@ return 0
 
 
 class PriorityQueue(_RedisPriorityQueue):
-    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = serializer, prefetch: int = 1) -> None:
-        super().__init__(server, spider, key, serializer or globals()["serializer"])
+    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = None, prefetch: int = 1) -> None:
+        super().__init__(server, spider, key, serializer or json_serializer)
         self._callback_names: dict[Any, str] = {}
         self._push_if_new = server.register_script(_PUSH_IF_NEW)
         self.prefetch = max(1, prefetch)
