@@ -30,6 +30,9 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("POSTGRES_BATCH_SIZE", "int", 1),
     ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),
     ("POSTGRES_LAST_SEEN_RESOLUTION", "float", 0),
+    ("METRICS_PORT", "int", 0),
+    ("METRICS_PORT_RANGE", "int", 1),
+    ("METRICS_LINGER", "float", 0),
 )
 
 
@@ -42,7 +45,7 @@ def validate(settings: BaseSettings) -> None:
             get_int(settings, name, 0, minimum=int(minimum))
         else:
             get_float(settings, name, 0.0, minimum=minimum)
-    for name in ("SCHEDULER_FLUSH_ON_START",):
+    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED"):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
 

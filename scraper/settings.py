@@ -18,6 +18,12 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
 ``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
                             in seconds (3600); 0 refreshes it on every sighting (one write per row).
+``METRICS_ENABLED``         Serve Prometheus metrics from each crawl process (true).
+``METRICS_BIND``            Address of the metrics endpoint (127.0.0.1).
+``METRICS_PORT``            First port tried for it (9410); ``METRICS_PORT_RANGE`` ports are tried (50).
+``METRICS_FILE_SD_DIR``     Where each process announces its endpoint to Prometheus (file_sd),
+                            default ``DATA_DIR/metrics-targets``.
+``METRICS_LINGER``          Seconds to keep serving after the spider closed (0).
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ==========================  ==================================================================
 
@@ -91,8 +97,20 @@ POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
 
 EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
+    "scraper.monitoring.exporter.MetricsExporter": 200,
     "scraper.extensions.summary.CrawlSummary": 900,
+    "scraper.extensions.progress.ProgressLog": 500,
+    # Replaced by ProgressLog, which adds the shared queue's depth and age.
+    "scrapy.extensions.logstats.LogStats": None,
 }
+
+# --- metrics (Prometheus) -------------------------------------------------------------------
+METRICS_ENABLED = _env("METRICS_ENABLED", "true")
+METRICS_BIND = _env("METRICS_BIND", "127.0.0.1")
+METRICS_PORT = _env("METRICS_PORT", "9410")
+METRICS_PORT_RANGE = _env("METRICS_PORT_RANGE", "50")
+METRICS_FILE_SD_DIR = _env("METRICS_FILE_SD_DIR")  # default: DATA_DIR/metrics-targets
+METRICS_LINGER = _env("METRICS_LINGER", "0")
 
 FEED_EXPORT_ENCODING = "utf-8"
 

@@ -10,6 +10,7 @@ them without touching the scheduler.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from scrapy import Request
@@ -24,6 +25,22 @@ logger = logging.getLogger(__name__)
 
 class RequestSerializationError(Exception):
     """A request cannot be put in the shared queue."""
+
+
+# A request's score is -priority * 2**32 + seconds since 2020 at enqueue time: higher priority
+# first, and first-in first-out within a priority (scrapy-redis orders equal scores by the bytes
+# of the request, which starves some requests). The enqueue time also gives the queue's age.
+_PRIORITY_STEP = float(2**32)
+_EPOCH = 1577836800.0  # 2020-01-01T00:00:00Z
+
+
+def score_for(priority: int, now: float | None = None) -> float:
+    return -priority * _PRIORITY_STEP + ((time.time() if now is None else now) - _EPOCH)
+
+
+def enqueued_at(score: float) -> float:
+    """The unix time a request with this *score* was queued."""
+    return (score % _PRIORITY_STEP) + _EPOCH
 
 
 # Mark the fingerprint seen and queue the request in one round trip, atomically.
@@ -50,14 +67,18 @@ class PriorityQueue(_RedisPriorityQueue):
     def push_if_new(self, request: Request, seen_key: str, fingerprint: str) -> bool:
         """Queue *request* unless *fingerprint* is in the set *seen_key*; True if queued."""
         data = self._encode_request(request)
-        return bool(self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, -request.priority, data]))
+        score = score_for(request.priority)
+        return bool(self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, score, data]))
+
+    def push(self, request: Request) -> None:
+        self.server.execute_command("ZADD", self.key, score_for(request.priority), self._encode_request(request))
 
     def stage(self, request: Request, seen_key: str | None = None, fingerprint: str = "") -> None:
         """Encode *request* now (errors surface to the caller), send it with the next flush.
 
         A page yields its links in one burst; sending them in one pipelined round trip
         instead of one each is most of the difference to a local scheduler."""
-        self._staged.append((seen_key, fingerprint, -request.priority, self._encode_request(request)))
+        self._staged.append((seen_key, fingerprint, score_for(request.priority), self._encode_request(request)))
 
     def flush_staged(self) -> tuple[int, int]:
         """Send staged requests; returns (queued, already seen by another process)."""
@@ -73,6 +94,21 @@ class PriorityQueue(_RedisPriorityQueue):
         results = pipe.execute()
         queued = sum(1 for r in results if r)
         return queued, len(results) - queued
+
+    def oldest_age(self, now: float | None = None) -> float:
+        """Seconds since the oldest queued request was queued (0 when empty).
+
+        Exact when the queue holds at most two priorities (the usual case): it looks at the
+        oldest entry of the highest and of the lowest priority, two round trips."""
+        now = time.time() if now is None else now
+        head = self.server.zrange(self.key, 0, 0, withscores=True)
+        if not head:
+            return 0.0
+        tail = self.server.zrange(self.key, -1, -1, withscores=True)
+        block = (tail[0][1] // _PRIORITY_STEP) * _PRIORITY_STEP
+        lowest = self.server.zrangebyscore(self.key, block, "+inf", start=0, num=1, withscores=True)
+        oldest = min(enqueued_at(score) for _, score in head + lowest)
+        return max(0.0, now - oldest)
 
     def local_pending(self) -> int:
         return len(self._staged) + len(self._prefetched)

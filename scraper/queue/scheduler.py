@@ -63,7 +63,7 @@ class SharedScheduler(Scheduler):
             local_cache_size=self.local_cache_size,
             stats=self.stats,
         )
-        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name))
+        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), info=self._node_info)
         self._unserializable_logged: set[str] = set()
         self.spider = spider
         self._flush_call: Any = None
@@ -80,6 +80,16 @@ class SharedScheduler(Scheduler):
         if pending:
             logger.info("Resuming crawl (%d requests scheduled in the shared queue)", pending)
         self.nodes.beat(force=True)
+
+    def _node_info(self) -> dict[str, Any]:
+        stats = self.crawler.stats
+        engine = getattr(self.crawler, "_engine", None)
+        downloader = getattr(engine, "downloader", None)
+        return {
+            "inflight": len(getattr(downloader, "active", ())) + self.queue.local_pending(),
+            "pages": stats.get_value("response_received_count", 0),
+            "items": stats.get_value("item_scraped_count", 0),
+        }
 
     def close(self, reason: str) -> None:
         self.flush_staged()

@@ -1,0 +1,116 @@
+"""``scrapy queue [spider...]``: the shared queues at a glance.
+
+For each spider with state in Redis: queue depth, age of the oldest queued request, live nodes
+and their in-flight requests, seen-set size, and pages/items per minute across the fleet
+(sampled over ``--interval`` seconds from what each node reports with its heartbeat).
+``--watch`` repeats until interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from argparse import ArgumentParser, Namespace
+from typing import Any
+
+from scrapy.commands import ScrapyCommand
+from scrapy.spiderloader import get_spider_loader
+
+from .. import backends
+from ..config import ConfigError
+from ..queue import keys
+from ..queue.queues import PriorityQueue
+from ..redis_client import get_redis
+
+NODE_TTL = 60.0
+
+
+class _Named:
+    """Just enough of a spider for a queue object: a name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def snapshot(server: Any, name: str, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    queue = PriorityQueue(server, _Named(name), keys.queue_key(name))
+    beats = {k.decode(): float(v) for k, v in server.hgetall(keys.nodes_key(name)).items()}
+    live = {node for node, beat in beats.items() if beat >= now - NODE_TTL}
+    infos = [json.loads(v) for k, v in server.hgetall(f"{keys.nodes_key(name)}:info").items() if k.decode() in live]
+    return {
+        "spider": name,
+        "depth": len(queue),
+        "oldest_age": queue.oldest_age(now),
+        "nodes": len(live),
+        "inflight": sum(int(i.get("inflight", 0)) for i in infos),
+        "seen": server.scard(keys.dupefilter_key(name)),
+        "pages": sum(int(i.get("pages", 0)) for i in infos),
+        "items": sum(int(i.get("items", 0)) for i in infos),
+        "unreadable": server.llen(f"{keys.queue_key(name)}:unreadable"),
+    }
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def syntax(self) -> str:
+        return "[options] [spider ...]"
+
+    def short_desc(self) -> str:
+        return "Show the shared queues: depth, oldest request, nodes, in-flight, seen-set, rates"
+
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--interval", type=float, default=3.0, help="seconds to sample rates over (3)")
+        parser.add_argument("--watch", action="store_true", help="repeat until interrupted")
+        parser.add_argument("--json", action="store_true", help="one JSON object per spider")
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        try:
+            found = backends.apply(self.settings, priority="cmdline")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        server = get_redis(found.redis_url)
+        names = args or sorted(get_spider_loader(self.settings).list())
+        try:
+            while True:
+                before = {n: snapshot(server, n) for n in names}
+                time.sleep(max(0.1, opts.interval))
+                after = {n: snapshot(server, n) for n in names}
+                self._print(before, after, opts)
+                if not opts.watch:
+                    return
+        except KeyboardInterrupt:
+            return
+
+    def _print(self, before: dict, after: dict, opts: Namespace) -> None:
+        minutes = max(0.1, opts.interval) / 60
+        rows = []
+        for name, now in after.items():
+            row = dict(now)
+            row["pages_per_min"] = max(0, now["pages"] - before[name]["pages"]) / minutes
+            row["items_per_min"] = max(0, now["items"] - before[name]["items"]) / minutes
+            rows.append(row)
+        if opts.json:
+            for row in rows:
+                print(json.dumps(row))
+            return
+        print(f"{'spider':16}{'queued':>9}{'oldest':>8}{'nodes':>7}{'in-flight':>10}{'seen':>10}"
+              f"{'pages/min':>11}{'items/min':>11}")
+        for r in rows:
+            print(f"{r['spider']:16}{r['depth']:>9}{_age(r['oldest_age']):>8}{r['nodes']:>7}{r['inflight']:>10}"
+                  f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
+                  + (f"   ({r['unreadable']} unreadable requests set aside)" if r["unreadable"] else ""))
+        sys.stdout.flush()

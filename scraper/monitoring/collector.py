@@ -1,0 +1,144 @@
+"""The crawl's metrics, read at scrape time from Scrapy's stats and the shared queue.
+
+Counters are derived from ``crawler.stats`` rather than counted a second time, so what
+Prometheus shows always equals Scrapy's own stats. Gauges that live elsewhere (queue depth and
+age, seen-set size, rows waiting for the database) are read when Prometheus asks. Histograms
+(latency, pipeline time) are observed as responses and items pass, see :mod:`.exporter`.
+
+Names follow Prometheus conventions: ``scraper_`` prefix, ``_total`` counters, units in the
+name, low-cardinality labels (spider, status class, error kind, outcome, field name).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+
+def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for label_values, value in sorted(values.items()):
+        family.add_metric(list(label_values), value)
+    return family
+
+
+def _gauge(name: str, doc: str, spider: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["spider"])
+    family.add_metric([spider], value)
+    return family
+
+
+class CrawlCollector(Collector):
+    def __init__(self, crawler: Any, queue_info: Callable[[], dict[str, float]]) -> None:
+        self.crawler = crawler
+        self.queue_info = queue_info
+        self.spider_open = False
+        self.last_response = 0.0
+
+    @property
+    def spider(self) -> str:
+        spider = getattr(self.crawler, "spider", None)
+        return getattr(spider, "name", None) or self.crawler.spidercls.name
+
+    def collect(self) -> Iterator[Any]:
+        stats = dict(self.crawler.stats.get_stats())
+        s = self.spider
+        get = lambda key: float(stats.get(key, 0) or 0)  # noqa: E731
+
+        yield _counter("scraper_requests", "Requests sent to the downloader.", ["spider"],
+                       {(s,): get("downloader/request_count")})
+        by_class: dict[tuple[str, ...], float] = defaultdict(float)
+        errors: dict[tuple[str, ...], float] = defaultdict(float)
+        rejected: dict[tuple[str, ...], float] = {}
+        for key, value in stats.items():
+            if key.startswith("downloader/response_status_count/"):
+                by_class[(s, key.rsplit("/", 1)[1][:1] + "xx")] += value
+            elif key.startswith("downloader/exception_type_count/"):
+                errors[(s, key.rsplit(".", 1)[-1].rsplit("/", 1)[-1])] += value
+            elif key.startswith("spider_exceptions/") and key != "spider_exceptions/count":
+                errors[(s, key.rsplit("/", 1)[1])] += value
+            elif key.startswith("item_rejected_reasons/"):
+                rejected[(s, key.split("/", 1)[1])] = value
+        yield _counter("scraper_responses", "Responses received, by status class.", ["spider", "status_class"],
+                       dict(by_class))
+        yield _counter("scraper_errors", "Download and callback errors, by exception.", ["spider", "kind"],
+                       dict(errors))
+        yield _counter("scraper_api_credits", "Scraping-API credits spent.", ["spider"],
+                       {(s,): get("scraping_api/credits")})
+        yield _gauge("scraper_api_budget_credits", "The crawl's scraping-API credit budget (0: none).", s,
+                     float(self.crawler.settings.getfloat("SCRAPING_API_BUDGET", 0) or 0))
+
+        queue = self.queue_info()
+        yield _gauge("scraper_queue_depth", "Requests waiting in the shared queue.", s, queue.get("depth", 0))
+        yield _gauge("scraper_queue_oldest_age_seconds", "Age of the oldest queued request.", s,
+                     queue.get("oldest_age", 0))
+        yield _gauge("scraper_dupefilter_size", "Fingerprints in the shared seen-set.", s, queue.get("seen", 0))
+        yield _counter("scraper_queue_enqueued", "Requests this process added to the shared queue.", ["spider"],
+                       {(s,): get("scheduler/enqueued/redis")})
+        yield _counter("scraper_queue_dequeued", "Requests this process took from the shared queue.", ["spider"],
+                       {(s,): get("scheduler/dequeued/redis")})
+
+        yield _counter("scraper_items_scraped", "Items the spider yielded.", ["spider"], {(s,): get("items/yielded")})
+        duplicates, rejects = get("item_duplicates_dropped"), get("item_rejected_count")
+        yield _counter("scraper_items_dropped", "Items dropped, by reason.", ["spider", "reason"], {
+            (s, "duplicate"): duplicates,
+            (s, "rejected"): rejects,
+            (s, "other"): max(0.0, get("item_dropped_count") - duplicates - rejects),
+        })
+        yield _counter("scraper_items_rejected", "Items rejected, by failing field.", ["spider", "reason"],
+                       rejected)
+        yield _counter("scraper_items_stored", "Items committed to the database, by outcome.",
+                       ["spider", "outcome"],
+                       {(s, o): get(f"postgres/{o}") for o in ("inserted", "updated", "unchanged")})
+
+        yield _counter("scraper_storage_rows_written", "Rows written (items and rejects).", ["spider"],
+                       {(s,): get("postgres/rows_written")})
+        yield _counter("scraper_storage_write_failures", "Batches the database failed to take.", ["spider"],
+                       {(s,): get("postgres/write_failures")})
+        flush = SummaryMetricFamily("scraper_storage_flush_seconds", "Time to write one batch.", labels=["spider"])
+        flush.add_metric([s], count_value=get("postgres/batches"), sum_value=get("postgres/flush_seconds_total"))
+        yield flush
+        writer = getattr(self.crawler, "_postgres_writer", None)
+        yield _gauge("scraper_storage_pending_rows", "Rows waiting to be written.", s,
+                     float(writer.pending()) if writer is not None else 0.0)
+
+        yield _gauge("scraper_spider_open", "1 while the spider runs.", s, 1.0 if self.spider_open else 0.0)
+        yield _gauge("scraper_last_response_timestamp_seconds", "When the last response arrived (unix time).", s,
+                     self.last_response)
+
+
+def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
+    """Read the shared queue's depth, age and seen-set size; cached for a second so that
+    several Prometheus servers scraping at once cost Redis one read."""
+    from ..queue.keys import dupefilter_key, queue_key
+    from ..queue.queues import PriorityQueue
+
+    cache: dict[str, Any] = {"at": 0.0, "value": {}}
+
+    def read() -> dict[str, float]:
+        if time.monotonic() - cache["at"] < 1.0:
+            return cache["value"]
+        spider = getattr(crawler, "spider", None)
+        if spider is None:
+            return {}
+        try:
+            queue = PriorityQueue(server, spider, queue_key(spider.name))
+            value = {
+                "depth": float(len(queue)),
+                "oldest_age": queue.oldest_age(),
+                "seen": float(server.scard(dupefilter_key(spider.name))),
+            }
+        except Exception as exc:  # a metrics scrape must never take the crawl down
+            logger.warning("Could not read the shared queue for metrics: %s", exc)
+            value = cache["value"]
+        cache.update(at=time.monotonic(), value=value)
+        return value
+
+    return read

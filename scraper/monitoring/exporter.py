@@ -1,0 +1,160 @@
+"""Serve the crawl's metrics to Prometheus from every crawl process.
+
+Many crawl processes share a machine (scrapyd runs one process per job), so a fixed port would
+collide. Each process binds the first free port of ``METRICS_PORT`` ..
+``METRICS_PORT + METRICS_PORT_RANGE - 1`` on ``METRICS_BIND`` (127.0.0.1 unless told otherwise:
+``/metrics`` is not for the public) and announces itself in a Prometheus ``file_sd`` target
+file in ``METRICS_FILE_SD_DIR``, which it removes when it stops. Point Prometheus'
+``file_sd_configs`` at that folder and every process is found, whatever port it got.
+
+Settings: ``METRICS_ENABLED`` (true), ``METRICS_BIND``, ``METRICS_PORT`` (9410; 0 for any free
+port), ``METRICS_PORT_RANGE`` (50), ``METRICS_FILE_SD_DIR`` (``DATA_DIR/metrics-targets``; empty
+to disable), ``METRICS_MAX_DOMAINS`` (50: latency is labelled per domain for that many domains,
+the rest as ``other``), ``METRICS_LINGER`` (0: seconds to keep serving after the spider
+closed, so that a short job's final counts are scraped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.exposition import start_http_server
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from ..config import get_bool, get_float, get_int
+from ..redis_client import get_redis
+from .collector import CrawlCollector, queue_reader
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+PIPELINE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class MetricsExporter:
+    def __init__(self, crawler: Any) -> None:
+        settings = crawler.settings
+        self.crawler = crawler
+        self.bind = str(settings.get("METRICS_BIND") or "127.0.0.1")
+        self.port = get_int(settings, "METRICS_PORT", 9410, minimum=0)
+        self.port_range = get_int(settings, "METRICS_PORT_RANGE", 50, minimum=1)
+        self.max_domains = get_int(settings, "METRICS_MAX_DOMAINS", 50, minimum=0)
+        self.linger = get_float(settings, "METRICS_LINGER", 0.0, minimum=0)
+        sd_dir = settings.get("METRICS_FILE_SD_DIR")
+        if sd_dir is None:
+            sd_dir = os.path.join(str(settings.get("DATA_DIR") or ".data"), "metrics-targets")
+        self.sd_dir = Path(sd_dir) if sd_dir else None
+
+        self.registry = CollectorRegistry()
+        self.collector = CrawlCollector(crawler, queue_reader(crawler, get_redis(settings["REDIS_URL"])))
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)
+        self.latency = Histogram(
+            "scraper_download_latency_seconds", "Time to download a page.", ["spider", "domain"],
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.pipeline_time = Histogram(
+            "scraper_pipeline_seconds", "Time from an item's yield to its commit.", ["spider"],
+            buckets=PIPELINE_BUCKETS, registry=self.registry,
+        )
+        self._domains: set[str] = set()
+        self.httpd: Any = None
+        self.bound_port = 0
+        self.target_file: Path | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "MetricsExporter":
+        if not get_bool(crawler.settings, "METRICS_ENABLED", True):
+            raise NotConfigured
+        ext = cls(crawler)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        return ext
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def spider_opened(self, spider: Any) -> None:
+        self.collector.spider_open = True
+        self._serve()
+        if self.httpd is not None and self.sd_dir is not None:
+            self._announce(spider.name)
+
+    async def spider_closed(self, spider: Any) -> None:
+        self.collector.spider_open = False
+        if self.linger and self.httpd is not None:
+            logger.info("Serving final metrics for %.0f s more", self.linger)
+            await asyncio.sleep(self.linger)
+        self._withdraw()
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
+    def _serve(self) -> None:
+        ports = [0] if self.port == 0 else range(self.port, self.port + self.port_range)
+        for port in ports:
+            try:
+                self.httpd, _thread = start_http_server(port, addr=self.bind, registry=self.registry)
+            except OSError:
+                continue
+            self.bound_port = self.httpd.server_port
+            logger.info("Metrics at http://%s:%d/metrics", self.bind, self.bound_port)
+            return
+        logger.warning(
+            "No free port for metrics in %d-%d on %s: this process exports none (METRICS_PORT, METRICS_PORT_RANGE)",
+            self.port, self.port + self.port_range - 1, self.bind,
+        )
+
+    def _announce(self, spider: str) -> None:
+        host = self.bind if self.bind not in ("0.0.0.0", "::", "") else socket.gethostname()
+        target = [{
+            "targets": [f"{host}:{self.bound_port}"],
+            "labels": {"spider": spider, "node": f"{socket.gethostname()}:{os.getpid()}"},
+        }]
+        try:
+            self.sd_dir.mkdir(parents=True, exist_ok=True)
+            path = self.sd_dir / f"{socket.gethostname()}-{os.getpid()}-{self.bound_port}.json"
+            # Written aside then renamed: Prometheus must never read half a file.
+            temp = path.with_suffix(".tmp")
+            temp.write_text(json.dumps(target))
+            temp.replace(path)
+            self.target_file = path
+        except OSError as exc:
+            logger.warning("Could not write the Prometheus target file in %s: %s", self.sd_dir, exc)
+
+    def _withdraw(self) -> None:
+        if self.target_file is not None:
+            self.target_file.unlink(missing_ok=True)
+            self.target_file = None
+
+    # --- observations -------------------------------------------------------------------------
+    def response_received(self, response: Any, request: Any, spider: Any) -> None:
+        self.collector.last_response = time.time()
+        latency = request.meta.get("download_latency")
+        if latency is not None:
+            self.latency.labels(spider.name, self._domain(response.url)).observe(latency)
+
+    def item_scraped(self, item: Any, spider: Any) -> None:
+        yielded = getattr(item, "_yielded_at", None)
+        if yielded is not None:
+            self.pipeline_time.labels(spider.name).observe(time.monotonic() - yielded)
+
+    def _domain(self, url: str) -> str:
+        host = urlsplit(url).hostname or "unknown"
+        if host in self._domains:
+            return host
+        if len(self._domains) < self.max_domains:
+            self._domains.add(host)
+            return host
+        return "other"
