@@ -88,7 +88,7 @@ class MetricsExporter:
         self.collector.spider_open = True
         self._serve()
         if self.httpd is not None and self.sd_dir is not None:
-            self._announce(spider.name)
+            self._announce()
 
     async def spider_closed(self, spider: Any) -> None:
         self.collector.spider_open = False
@@ -116,11 +116,13 @@ class MetricsExporter:
             self.port, self.port + self.port_range - 1, self.bind,
         )
 
-    def _announce(self, spider: str) -> None:
+    def _announce(self) -> None:
         host = self.bind if self.bind not in ("0.0.0.0", "::", "") else socket.gethostname()
         target = [{
             "targets": [f"{host}:{self.bound_port}"],
-            "labels": {"spider": spider, "node": f"{socket.gethostname()}:{os.getpid()}"},
+            # Not "spider": the metrics carry it, and a target label of the same name would
+            # push theirs aside as exported_spider.
+            "labels": {"node": f"{socket.gethostname()}:{os.getpid()}"},
         }]
         try:
             self.sd_dir.mkdir(parents=True, exist_ok=True)
