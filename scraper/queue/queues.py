@@ -110,6 +110,9 @@ class PriorityQueue(_RedisPriorityQueue):
         oldest = min(enqueued_at(score) for _, score in head + lowest)
         return max(0.0, now - oldest)
 
+    def staged_count(self) -> int:
+        return len(self._staged)
+
     def local_pending(self) -> int:
         return len(self._staged) + len(self._prefetched)
 

@@ -134,7 +134,7 @@ class SharedScheduler(Scheduler):
                 self._unserializable_logged.add(first_line)
                 logger.error("%s (further requests from this callback that fail the same way are only counted)", message)
             return False
-        if self.queue.local_pending() >= 100:
+        if self.queue.staged_count() >= 100:
             self.flush_staged()
         elif self._flush_call is None:
             from twisted.internet import reactor
