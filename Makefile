@@ -6,8 +6,9 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 PRODUCTS ?= 500
+TARGET  ?= default
 
-.PHONY: install demo demo-site test bench clean
+.PHONY: install demo demo-site test bench clean deploy
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,3 +32,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf .data .pytest_cache
+
+# Build the project's egg and upload it to scrapyd: `make deploy TARGET=name`, a [deploy:name]
+# section of scrapy.cfg (default: SCRAPYD_URL). Credentials come from the environment only.
+deploy: $(STAMP)
+	@test -n "$$SCRAPYD_USERNAME" && test -n "$$SCRAPYD_PASSWORD" || \
+	  { echo "deploy: set SCRAPYD_USERNAME and SCRAPYD_PASSWORD (scrapyd runs with authentication on)" >&2; exit 2; }
+	@test "$(TARGET)" != default || test -n "$$SCRAPYD_URL" || \
+	  { echo "deploy: set SCRAPYD_URL, or name a target of scrapy.cfg: make deploy TARGET=local" >&2; exit 2; }
+	$(BIN)/scrapyd-deploy $(TARGET)

@@ -24,6 +24,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``METRICS_FILE_SD_DIR``     Where each process announces its endpoint to Prometheus (file_sd),
                             default ``DATA_DIR/metrics-targets``.
 ``METRICS_LINGER``          Seconds to keep serving after the spider closed (0).
+``SCRAPING_API_KEY``        Key of the scraping API; unset, pages are fetched directly. Never logged.
+``SCRAPING_API_URL``        Base URL of the scraping API; unset, the provider's own.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ==========================  ==================================================================
 
@@ -103,6 +105,10 @@ EXTENSIONS = {
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
 }
+
+# --- scraping API ---------------------------------------------------------------------------
+SCRAPING_API_KEY = _env("SCRAPING_API_KEY", "")
+SCRAPING_API_URL = _env("SCRAPING_API_URL", "")
 
 # --- metrics (Prometheus) -------------------------------------------------------------------
 METRICS_ENABLED = _env("METRICS_ENABLED", "true")
