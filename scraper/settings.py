@@ -26,6 +26,12 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``METRICS_LINGER``          Seconds to keep serving after the spider closed (0).
 ``SCRAPING_API_KEY``        Key of the scraping API; unset, pages are fetched directly. Never logged.
 ``SCRAPING_API_URL``        Base URL of the scraping API; unset, the provider's own.
+``SCRAPING_API_PROVIDER``   alterlab (default), scrapingbee or zyte.
+``SCRAPING_API_BUDGET``     Credits one crawl process may spend (0: no budget).
+``SCRAPING_API_ROUTING``    Per-domain route, e.g. ``shop.test=on_block,cdn.test=never``;
+                            ``SCRAPING_API_DEFAULT_ROUTE`` for the rest (always).
+``SCRAPING_API_OPTIONS``    JSON options for the API (``{"render_js": true}``); a spider's
+                            ``scraping_api`` dict and ``request.meta["scraping_api"]`` override.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ==========================  ==================================================================
 
@@ -53,7 +59,7 @@ DATABASE_URL = _env("DATABASE_URL", "")
 DATA_DIR = _env("DATA_DIR", ".data")
 
 # Resolves the URLs above (or starts the embedded servers) before any component is built.
-ADDONS = {"scraper.addon.BackendsAddon": 0}
+ADDONS = {"scraper.addon.BackendsAddon": 0, "scraper.scraping_api.addon.ScrapingApiAddon": 10}
 
 # --- crawling -------------------------------------------------------------------------------
 ROBOTSTXT_OBEY = True
@@ -106,9 +112,26 @@ EXTENSIONS = {
     "scrapy.extensions.logstats.LogStats": None,
 }
 
-# --- scraping API ---------------------------------------------------------------------------
+# --- scraping API (scraper/scraping_api) ----------------------------------------------------
+# No key: the middleware is not loaded and every request is fetched directly.
 SCRAPING_API_KEY = _env("SCRAPING_API_KEY", "")
-SCRAPING_API_URL = _env("SCRAPING_API_URL", "")
+SCRAPING_API_PROVIDER = _env("SCRAPING_API_PROVIDER", "alterlab")  # alterlab | scrapingbee | zyte
+SCRAPING_API_URL = _env("SCRAPING_API_URL")  # default: the provider's own
+SCRAPING_API_BUDGET = _env("SCRAPING_API_BUDGET", "0")  # credits per crawl process; 0 = none
+SCRAPING_API_ROUTING = _env("SCRAPING_API_ROUTING", "")  # e.g. "example.com=always,shop.test=on_block"
+SCRAPING_API_DEFAULT_ROUTE = _env("SCRAPING_API_DEFAULT_ROUTE", "always")  # always | never | on_block
+SCRAPING_API_MAX_RETRIES = _env("SCRAPING_API_MAX_RETRIES", "5")
+SCRAPING_API_RETRY_BACKOFF = _env("SCRAPING_API_RETRY_BACKOFF", "1.0")
+SCRAPING_API_RETRY_MAX_DELAY = _env("SCRAPING_API_RETRY_MAX_DELAY", "60")
+SCRAPING_API_POLL_INTERVAL = _env("SCRAPING_API_POLL_INTERVAL", "1.0")
+SCRAPING_API_POLL_MAX_INTERVAL = _env("SCRAPING_API_POLL_MAX_INTERVAL", "10")
+SCRAPING_API_JOB_TIMEOUT = _env("SCRAPING_API_JOB_TIMEOUT", "600")
+SCRAPING_API_BLOCK_STATUSES = _env("SCRAPING_API_BLOCK_STATUSES", "403,429")
+SCRAPING_API_BLOCK_PATTERN = _env("SCRAPING_API_BLOCK_PATTERN")  # default: common captcha markers
+SCRAPING_API_OPTIONS = _env("SCRAPING_API_OPTIONS", "{}")  # JSON, e.g. {"render_js": true}
+# After the cookies middleware (700), so the target's cookies are forwarded; after offsite (50),
+# retry (550) and redirect (600).
+DOWNLOADER_MIDDLEWARES = {"scraper.scraping_api.middleware.ScrapingApiMiddleware": 725}
 
 # --- metrics (Prometheus) -------------------------------------------------------------------
 METRICS_ENABLED = _env("METRICS_ENABLED", "true")

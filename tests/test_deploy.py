@@ -32,6 +32,7 @@ import yaml
 
 from conftest import ROOT, Services
 from scraper.demo_site import Catalog, DemoSite
+from scraper.scraping_api.standin import StandIn
 from tools import ensure_binary
 
 VENV_BIN = Path(sys.executable).parent
@@ -306,8 +307,10 @@ def test_secrets_stay_out_of_job_list_logs_and_command_lines(clean: Services, ca
     secrets = (db_canary, key_canary, PASSWORD)
     # Trust authentication on the test Postgres: any password is accepted, so the canary is used.
     site = DemoSite(catalog, delay_ms=30).start()
+    # The key is really used: pages go through the local scraping-API stand-in that accepts it.
+    api = StandIn(key_canary).start()
     env = job_env(clean, site, DATABASE_URL=with_password(clean.database_url, db_canary),
-                  SCRAPING_API_KEY=key_canary, LOG_LEVEL="DEBUG")
+                  SCRAPING_API_KEY=key_canary, SCRAPING_API_URL=api.url, LOG_LEVEL="DEBUG")
     cmdlines: list[str] = []
     listeners: dict[int, bytes] = {}
 
@@ -335,7 +338,9 @@ def test_secrets_stay_out_of_job_list_logs_and_command_lines(clean: Services, ca
             daemon_log = node.log.read_text()
     finally:
         site.stop()
+        api.stop()
     assert_crawl_finished(log)
+    assert "'scraping_api/credits':" in log  # pages went through the API with the canary key
     assert stored_skus(clean) == sorted(p.sku for p in catalog.valid_products())  # the canary URL worked
     assert "Storing items in postgresql://postgres:***@" in log  # the URL was logged, masked
 

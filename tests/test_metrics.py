@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT, crawl_env, run_scrapy, scrapy_cmd
 from scraper.demo_site import Catalog, DemoSite
+from scraper.scraping_api.standin import StandIn
 from tools import ensure_binary
 
 CANARY = "Canary-metrics-5521"
@@ -103,17 +104,20 @@ def test_exposition_is_valid_and_holds_no_secret(clean, slow_site: DemoSite, tmp
     port = free_port()
     database_url = clean.database_url.replace("postgres@", f"postgres:{CANARY}@", 1) \
         if "postgres@" in clean.database_url else clean.database_url.replace("postgres:@", f"postgres:{CANARY}@", 1)
+    api = StandIn(CANARY).start()  # the key is really used: pages go through the local API stand-in
     env = crawl_env(clean, DATABASE_URL=database_url, DEMO_SITE_URL=slow_site.url, METRICS_PORT=str(port),
                     METRICS_PORT_RANGE="1", METRICS_FILE_SD_DIR=str(tmp_path), SCRAPING_API_KEY=CANARY,
-                    CONCURRENT_REQUESTS_PER_DOMAIN="2")
+                    SCRAPING_API_URL=api.url, CONCURRENT_REQUESTS_PER_DOMAIN="2")
     proc = start_crawl(env)
     try:
         wait_for(lambda: "scraper_pipeline_seconds_count{" in _try_fetch(port))  # an item was committed
         text = fetch(f"http://127.0.0.1:{port}/metrics")
     finally:
         _out, err = proc.communicate(timeout=120)
+        api.stop()
     assert proc.returncode == 0, err[-2000:]
     assert CANARY not in text and CANARY not in err
+    assert 'scraper_api_credits_total{spider="demo"} 0.0' not in text  # credits were spent and counted
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     for name in ("scraper_requests_total", "scraper_queue_depth", "scraper_dupefilter_size",

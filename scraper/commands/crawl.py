@@ -15,6 +15,7 @@ from scrapy.exceptions import UsageError
 
 from .. import addon, backends
 from ..config import ConfigError
+from ..scraping_api.middleware import get_settings as api_settings
 
 
 class Command(ScrapyCrawl):
@@ -25,6 +26,7 @@ class Command(ScrapyCrawl):
         try:
             crawler = self._create_crawler(args[0])
             addon.validate(crawler.settings)
+            api_settings(crawler.settings)
             backends.apply(crawler.settings)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
