@@ -56,3 +56,9 @@ def test_seed_and_migrate_report_the_same_way(services) -> None:
     check_one_line_error(run_scrapy(env, "seed", "demo", "http://127.0.0.1/"), "REDIS_URL")
     env = crawl_env(services, DATABASE_URL=f"postgresql://u:{CANARY}@127.0.0.1:{free_port()}/db")
     check_one_line_error(run_scrapy(env, "migrate"), "DATABASE_URL")
+
+
+def test_bad_scraping_api_setting(services) -> None:
+    env = crawl_env(services, SCRAPING_API_KEY=CANARY, SCRAPING_API_PROVIDER="bogus")
+    line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "SCRAPING_API_PROVIDER")
+    assert "'bogus'" in line

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, crawl_env, run_scrapy, scrapy_cmd
+from conftest import ROOT, crawl_env, scrapy_cmd
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
 from tools import ensure_binary
