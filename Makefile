@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine (only Python 3.11+ needed):
-#   make demo   crawl the bundled demo shop through the whole pipeline (embedded Redis + Postgres)
+#   make demo   crawl the bundled demo shop through the whole pipeline (embedded Redis + Postgres);
+#               make demo API=1 fetches every page through the local scraping-API stand-in
 #   make test   install what the tests need and run them
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,7 +20,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/scrapy demo --products $(PRODUCTS)
+	$(BIN)/scrapy demo --products $(PRODUCTS) $(if $(API),--api)
 
 demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)

@@ -30,3 +30,10 @@ def test_demo_crawls_the_shop_then_finds_it_unchanged(clean) -> None:
     third = run_scrapy(env, "demo", "--products", "60", "--port", str(port), "--reprice", "3")
     assert f"{valid} items stored (0 new, 3 updated, {valid - 3} unchanged)" in third.stdout, third.stdout
     assert re.search(r"in [\d.]+ s \(\d+ pages/s\)", third.stdout)
+
+    # Through the scraping-API stand-in: the very same rows, so nothing changes.
+    fourth = run_scrapy(env, "demo", "--products", "60", "--port", str(port), "--reprice", "3", "--api")
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert "fetched through the scraping-API stand-in" in fourth.stdout
+    assert f"{valid} items stored (0 new, 0 updated, {valid} unchanged)" in fourth.stdout, fourth.stdout
+    assert re.search(r"demo: [1-9]\d* scraping-API credits spent", fourth.stdout)

@@ -7,6 +7,7 @@ servers under ``.data/``; run it twice and the second run finds every row unchan
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from argparse import ArgumentParser, Namespace
@@ -18,6 +19,7 @@ from .. import addon, backends
 from ..config import ConfigError, mask_url
 from ..demo_site import Catalog, DemoSite
 from ..extensions.summary import summarize
+from ..scraping_api.standin import StandIn
 
 
 class Command(ScrapyCommand):
@@ -34,6 +36,10 @@ class Command(ScrapyCommand):
             help="port of the demo shop (8765); product URLs include it, so keep it fixed between runs",
         )
         parser.add_argument("--reprice", type=int, default=0, help="change the price of N products")
+        parser.add_argument(
+            "--api", action="store_true",
+            help="fetch every page through the local scraping-API stand-in (AlterLab's wire contract)",
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         assert self.crawler_process
@@ -47,9 +53,14 @@ class Command(ScrapyCommand):
                 "Product URLs include the port, so rows from earlier runs will count as updated.",
                 file=sys.stderr,
             )
+        api = None
         try:
             crawler = self.crawler_process.create_crawler("demo")
             crawler.settings.set("DEMO_SITE_URL", site.url, priority="cmdline")
+            if opts.api:
+                api = StandIn(secrets.token_urlsafe(16)).start()
+                crawler.settings.set("SCRAPING_API_KEY", api.key, priority="cmdline")
+                crawler.settings.set("SCRAPING_API_URL", api.url, priority="cmdline")
             if "SCHEDULER_IDLE_TIMEOUT" not in os.environ:
                 # Nobody else works on this queue: no need to wait for other nodes.
                 crawler.settings.set("SCHEDULER_IDLE_TIMEOUT", 1, priority="cmdline")
@@ -61,7 +72,8 @@ class Command(ScrapyCommand):
                 self.exitcode = 2
                 return
             print(
-                f"demo: shop with {opts.products} products at {site.url}; "
+                f"demo: shop with {opts.products} products at {site.url}"
+                f"{f', fetched through the scraping-API stand-in at {api.url}' if api else ''}; "
                 f"Redis {'embedded' if found.embedded_redis else mask_url(found.redis_url)}, "
                 f"Postgres {'embedded' if found.embedded_postgres else mask_url(found.database_url)}",
                 flush=True,
@@ -72,11 +84,15 @@ class Command(ScrapyCommand):
             elapsed = time.monotonic() - started
         finally:
             site.stop()
+            if api is not None:
+                api.stop()
         if self.crawler_process.bootstrap_failed:
             self.exitcode = 1
             return
         stats = crawler.stats.get_stats()
         print(f"\ndemo: {summarize(stats, elapsed)}")
+        if api is not None:
+            print(f"demo: {stats.get('scraping_api/credits', 0):.0f} scraping-API credits spent")
         conn = psycopg2.connect(found.database_url)
         try:
             with conn.cursor() as cur:
