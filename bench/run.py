@@ -4,13 +4,16 @@
    (a) plain Scrapy: memory scheduler, no item pipelines (items dropped);
    (b) the whole pipeline: shared Redis scheduler + clean/validate/dedupe/store into Postgres.
    Prints pages/s, CPU per page and peak memory of each, and the ratio (b)/(a).
-2. Upsert throughput on the same Postgres, against two baselines: a plain COPY into an indexed
+2. Scaling out through the scraping API: the demo shop crawled through the local API stand-in
+   with 200 ms added per page, by 1, 2 and 4 worker processes sharing one queue; pages/s and the
+   ratio to one process.
+3. Upsert throughput on the same Postgres, against two baselines: a plain COPY into an indexed
    table (the bulk-load limit) and the textbook bulk upsert (COPY everything into a staging
    table, one ``INSERT … SELECT … ON CONFLICT DO UPDATE``). Ours runs in batches as the crawl
    does, with the content-hash skip; it is measured on new rows and on the same rows again.
 
 Uses REDIS_URL / DATABASE_URL when set, the embedded servers otherwise. It writes only to
-Redis database 14 and a Postgres database ``scraper_bench``, which it recreates.
+Redis database 7 and a Postgres database ``scraper_bench``, which it recreates.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import io
 import os
 import re
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -63,6 +68,75 @@ def start_site(products: int, delay_ms: int = 0) -> tuple[subprocess.Popen, str]
         proc.kill()
         raise SystemExit(f"demo site did not start: {line!r}")
     return proc, match.group(1)
+
+
+def start_standin(key: str, delay_ms: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scraper.scraping_api.standin", "--port", str(port), "--key", key,
+         "--delay-ms", str(delay_ms)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the scraping-API stand-in did not start")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_STAT_TIME = r"'{name}': datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?"
+
+
+def _stat_time(log: str, name: str) -> float:
+    match = re.search(_STAT_TIME.format(name=name), log)
+    parts = [int(p or 0) for p in match.groups()]
+    when = datetime(*parts[:6], parts[6], tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def api_scaling(products: int, redis_url: str, dsn: str, delay_ms: int = 200) -> list[tuple[int, float, float]]:
+    """(workers, pages, pages/s) crawling through the stand-in with *delay_ms* per page."""
+    site, url = start_site(products)
+    key = "bench-key"
+    api, api_url = start_standin(key, delay_ms)
+    results = []
+    try:
+        for workers in (1, 2, 4):
+            redis.Redis.from_url(redis_url).flushdb()
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCRAPING_API_KEY": key,
+                   "SCRAPING_API_URL": api_url, "METRICS_ENABLED": "false"}
+            logs = [tempfile.TemporaryFile("w+") for _ in range(workers)]
+            procs = [subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "demo"], cwd=ROOT, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=log, text=True) for log in logs]
+            texts = []
+            for proc, log in zip(procs, logs):
+                proc.wait()
+                log.seek(0)
+                texts.append(log.read())
+                if proc.returncode != 0:
+                    sys.stderr.write(texts[-1][-3000:])
+                    raise SystemExit("crawl through the API failed")
+            pages = sum(float(re.search(r"'response_received_count': (\d+)", t).group(1)) for t in texts)
+            # From the first worker's start to the last response, less the idle wait at the end.
+            span = max(_stat_time(t, "finish_time") for t in texts) - min(_stat_time(t, "start_time") for t in texts)
+            results.append((workers, pages, pages / max(0.001, span - 3.0)))
+            print(f"  {workers} worker(s): {pages:.0f} pages, {results[-1][2]:.1f} pages/s", flush=True)
+    finally:
+        for proc in (site, api):
+            proc.terminate()
+            proc.wait()
+    return results
 
 
 def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
@@ -189,6 +263,7 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=5000)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--api-products", type=int, default=1000)
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
     args = parser.parse_args()
@@ -198,7 +273,7 @@ def main() -> None:
         "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
         "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
     }))
-    redis_url = with_redis_db(found.redis_url, 14)
+    redis_url = with_redis_db(found.redis_url, 7)  # tests use 8-15
     redis.Redis.from_url(redis_url).flushdb()
     dsn = recreate_database(found.database_url)
     print(f"backends: Redis {'embedded' if found.embedded_redis else 'server'}, "
@@ -224,6 +299,13 @@ def main() -> None:
         print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: "
               f"{full['pages_per_s'] / plain['pages_per_s']:.2f}x pages/s, "
               f"{full['cpu_ms_per_page'] / plain['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
+
+    print(f"\ncrawling {args.api_products} products through the scraping-API stand-in "
+          f"(+200 ms per page), 1, 2 and 4 workers sharing one queue ...", flush=True)
+    scaling = api_scaling(args.api_products, redis_url, dsn)
+    one = scaling[0][2]
+    for workers, _pages, rate in scaling:
+        print(f"{workers} worker(s): {rate:>8.1f} pages/s  ({rate / one:.2f}x one worker)")
 
     print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
     up = upsert_bench(dsn, args.rows, args.batch)
