@@ -1,1 +1,20 @@
-"""Operator commands (``COMMANDS_MODULE``): crawl, seed, migrate."""
+"""Operator commands (``COMMANDS_MODULE``): crawl, demo, seed, migrate, queue."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .. import backends
+from ..config import ConfigError
+
+
+def backends_or_report(command: Any) -> backends.Backends | None:
+    """Resolve Redis and Postgres for an operator command; on a bad setting, print the one-line
+    error, set exit status 2 and return None."""
+    try:
+        return backends.apply(command.settings, priority="cmdline")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        command.exitcode = 2
+        return None

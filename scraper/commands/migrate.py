@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
 
 import psycopg2
 from scrapy.commands import ScrapyCommand
 
-from .. import backends
-from ..config import ConfigError
+from . import backends_or_report
 from ..items import stored_item_types
 from ..storage import schema
 
@@ -21,11 +19,8 @@ class Command(ScrapyCommand):
         return "Create or update the Postgres tables of every item type"
 
     def run(self, args: list[str], opts: Namespace) -> None:
-        try:
-            found = backends.apply(self.settings, priority="cmdline")
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            self.exitcode = 2
+        found = backends_or_report(self)
+        if found is None:
             return
         conn = psycopg2.connect(found.database_url)
         try:

@@ -17,8 +17,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
-from .. import backends
-from ..config import ConfigError
+from . import backends_or_report
 from ..queue import keys
 from ..queue.queues import PriorityQueue
 from ..redis_client import get_redis
@@ -76,11 +75,8 @@ class Command(ScrapyCommand):
         parser.add_argument("--json", action="store_true", help="one JSON object per spider")
 
     def run(self, args: list[str], opts: Namespace) -> None:
-        try:
-            found = backends.apply(self.settings, priority="cmdline")
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            self.exitcode = 2
+        found = backends_or_report(self)
+        if found is None:
             return
         server = get_redis(found.redis_url)
         names = args or sorted(get_spider_loader(self.settings).list())

@@ -19,8 +19,7 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 from w3lib.url import is_url
 
-from .. import backends
-from ..config import ConfigError
+from . import backends_or_report
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue
 from ..redis_client import get_redis
@@ -65,11 +64,8 @@ class Command(ScrapyCommand):
             raise UsageError("give a spider name and at least one URL or file")
         name, sources = args[0], args[1:]
         spidercls = get_spider_loader(self.settings).load(name)
-        try:
-            found = backends.apply(self.settings, priority="cmdline")
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            self.exitcode = 2
+        found = backends_or_report(self)
+        if found is None:
             return
         spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl
         spider.name = name
