@@ -31,6 +31,7 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),
     ("POSTGRES_LAST_SEEN_RESOLUTION", "float", 0),
     ("METRICS_PORT", "int", 0),
+    ("DLQ_CALLBACK_RETRIES", "int", 0),
     ("METRICS_PORT_RANGE", "int", 1),
     ("METRICS_LINGER", "float", 0),
 )

@@ -32,6 +32,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             ``SCRAPING_API_DEFAULT_ROUTE`` for the rest (always).
 ``SCRAPING_API_OPTIONS``    JSON options for the API (``{"render_js": true}``); a spider's
                             ``scraping_api`` dict and ``request.meta["scraping_api"]`` override.
+``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
+                            a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ==========================  ==================================================================
 
@@ -131,7 +133,11 @@ SCRAPING_API_BLOCK_PATTERN = _env("SCRAPING_API_BLOCK_PATTERN")  # default: comm
 SCRAPING_API_OPTIONS = _env("SCRAPING_API_OPTIONS", "{}")  # JSON, e.g. {"render_js": true}
 # After the cookies middleware (700), so the target's cookies are forwarded; after offsite (50),
 # retry (550) and redirect (600).
-DOWNLOADER_MIDDLEWARES = {"scraper.scraping_api.middleware.ScrapingApiMiddleware": 725}
+DOWNLOADER_MIDDLEWARES = {
+    "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
+    # Just outside RetryMiddleware (550): sees what it gave up on.
+    "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": 540,
+}
 
 # --- metrics (Prometheus) -------------------------------------------------------------------
 METRICS_ENABLED = _env("METRICS_ENABLED", "true")
@@ -145,4 +151,8 @@ FEED_EXPORT_ENCODING = "utf-8"
 
 SPIDER_MIDDLEWARES = {
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,
+    # Closest to the spider: the first to see a callback's exception.
+    "scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware": 950,
 }
+# How many more times a request whose callback raised is tried before it becomes a dead letter.
+DLQ_CALLBACK_RETRIES = _env("DLQ_CALLBACK_RETRIES", "1")

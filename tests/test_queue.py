@@ -80,7 +80,9 @@ def test_corrupt_entry_is_set_aside_not_lost(queue) -> None:
     queue.push(scrapy.Request("http://127.0.0.1/ok"))
     popped = [queue.pop(), queue.pop()]
     assert [r.url for r in popped if r] == ["http://127.0.0.1/ok"]
-    assert queue.server.lrange(f"{queue.key}:unreadable", 0, -1) == [b"\x80\x04garbage"]
+    [letter] = [json.loads(x) for x in queue.server.lrange("queue_test:dead", 0, -1)]
+    assert letter["reason"].startswith("unreadable") and letter["attempts"] == 1
+    assert letter["request"].encode("utf-8", "surrogateescape") != b"" and "garbage" in letter["request"]
 
 
 def test_serializer_escapes_values_that_look_like_tags() -> None:

@@ -47,7 +47,7 @@ def snapshot(server: Any, name: str, now: float | None = None) -> dict[str, Any]
         "seen": server.scard(keys.dupefilter_key(name)),
         "pages": sum(int(i.get("pages", 0)) for i in infos),
         "items": sum(int(i.get("items", 0)) for i in infos),
-        "unreadable": server.llen(f"{keys.queue_key(name)}:unreadable"),
+        "dead": server.llen(keys.dead_key(name)),
     }
 
 
@@ -108,5 +108,5 @@ class Command(ScrapyCommand):
         for r in rows:
             print(f"{r['spider']:16}{r['depth']:>9}{_age(r['oldest_age']):>8}{r['nodes']:>7}{r['inflight']:>10}"
                   f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
-                  + (f"   ({r['unreadable']} unreadable requests set aside)" if r["unreadable"] else ""))
+                  + (f"   ({r['dead']} dead letters: scrapy dlq list {r['spider']})" if r["dead"] else ""))
         sys.stdout.flush()

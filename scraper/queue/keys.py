@@ -17,6 +17,10 @@ def nodes_key(spider_name: str) -> str:
     return f"{spider_name}:nodes"
 
 
+def dead_key(spider_name: str) -> str:
+    return f"{spider_name}:dead"
+
+
 def crawl_scoped_keys(spider_name: str) -> list[str]:
     """Keys that describe one run of a crawl and are dropped when that run completes."""
     return [dupefilter_key(spider_name), items_seen_key(spider_name)]

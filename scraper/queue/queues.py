@@ -17,6 +17,8 @@ from scrapy import Request
 from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
 from . import serializer as json_serializer
+from .dead_letters import entry as dead_entry
+from .keys import dead_key
 from .requests import request_from_dict, request_to_dict
 from .serializer import SerializationError
 
@@ -147,9 +149,8 @@ class PriorityQueue(_RedisPriorityQueue):
         try:
             return self._decode_request(data)
         except (ValueError, TypeError, KeyError) as exc:
-            # Kept aside, not lost: an operator can inspect and requeue it.
-            self.server.rpush(f"{self.key}:unreadable", data)
-            logger.error(
-                "Moved an unreadable request from %s to %s:unreadable: %s", self.key, self.key, exc
-            )
+            # Kept aside, not lost: `scrapy dlq` shows it to an operator.
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+            self.server.rpush(dead_key(self.spider.name), dead_entry(f"unreadable {exc}"[:300], 1, None, text))
+            logger.error("Moved an unreadable request from %s to the dead letters: %s", self.key, exc)
             return None

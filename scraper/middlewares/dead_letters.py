@@ -1,0 +1,97 @@
+"""Send requests that keep failing to the dead-letter queue (see :mod:`scraper.queue.dead_letters`).
+
+Two components, because failures surface in two places:
+
+* ``DeadLetterDownloaderMiddleware`` (downloader, just outside Scrapy's RetryMiddleware): a
+  download that still fails, or still answers a retryable status, once RetryMiddleware has
+  given up;
+* ``DeadLetterSpiderMiddleware`` (spider): a callback that raises is tried again
+  ``DLQ_CALLBACK_RETRIES`` times (1), then set aside. Nothing is retried in a hot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from scrapy import Request
+from scrapy.http import Response
+from scrapy.spidermiddlewares.httperror import HttpError
+
+from ..config import get_int
+from ..queue.dead_letters import DeadLetters
+from ..redis_client import get_redis
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS_META = "callback_attempts"
+
+
+def _dead_letters(crawler: Any) -> DeadLetters:
+    store = getattr(crawler, "_dead_letters", None)
+    if store is None:
+        store = DeadLetters(get_redis(crawler.settings["REDIS_URL"]), crawler.spider)
+        crawler._dead_letters = store
+    return store
+
+
+class DeadLetterDownloaderMiddleware:
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        settings = crawler.settings
+        self.max_retries = settings.getint("RETRY_TIMES")
+        self.retry_codes = {int(c) for c in settings.getlist("RETRY_HTTP_CODES")}
+        self.retry_enabled = settings.getbool("RETRY_ENABLED")
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "DeadLetterDownloaderMiddleware":
+        return cls(crawler)
+
+    def _gave_up(self, request: Request) -> bool:
+        if request.meta.get("dont_retry") or not self.retry_enabled:
+            return True
+        limit = request.meta.get("max_retry_times", self.max_retries)
+        return request.meta.get("retry_times", 0) >= limit
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if response.status in self.retry_codes and self._gave_up(request):
+            self._bury(request, f"http {response.status}")
+        return response
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if self._gave_up(request):
+            self._bury(request, f"download {type(exception).__name__}")
+
+    def _bury(self, request: Request, reason: str) -> None:
+        attempts = request.meta.get("retry_times", 0) + 1
+        _dead_letters(self.crawler).add(request, reason, attempts)
+        self.crawler.stats.inc_value("dead_letters/count")
+        self.crawler.stats.inc_value(f"dead_letters/{reason.split()[0]}")
+        logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
+
+
+class DeadLetterSpiderMiddleware:
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        self.callback_retries = get_int(crawler.settings, "DLQ_CALLBACK_RETRIES", 1, minimum=0)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "DeadLetterSpiderMiddleware":
+        return cls(crawler)
+
+    def process_spider_exception(self, response: Response, exception: Exception) -> Any:
+        if isinstance(exception, HttpError):
+            return None  # HttpErrorMiddleware's business; retried statuses are buried downstream
+        request = response.request
+        attempts = request.meta.get(ATTEMPTS_META, 0) + 1
+        if attempts <= self.callback_retries:
+            self.crawler.stats.inc_value("dead_letters/callback_retries")
+            retry = request.replace(dont_filter=True)
+            retry.meta[ATTEMPTS_META] = attempts
+            return [retry]
+        reason = f"callback {type(exception).__name__}: {str(exception)[:200]}"
+        _dead_letters(self.crawler).add(request, reason, attempts)
+        self.crawler.stats.inc_value("dead_letters/count")
+        self.crawler.stats.inc_value("dead_letters/callback")
+        logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
+        return None  # still logged by Scrapy as a spider error

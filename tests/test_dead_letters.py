@@ -1,0 +1,70 @@
+"""Dead letters: a poison page and an unreachable host end in the DLQ after their retries;
+`scrapy dlq` lists, shows and requeues them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+
+from conftest import ROOT, crawl_env, run_scrapy
+from scraper.demo_site import Catalog, DemoSite
+
+POISON_SPIDER = '''
+from scraper.spiders.demo import DemoSpider
+
+
+class PoisonSpider(DemoSpider):
+    name = "poison"
+
+    def parse_product(self, response):
+        if response.url.endswith("/p/7.html"):
+            raise ValueError("this page always breaks the parser")
+        yield from super().parse_product(response)
+'''
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_poison_and_unreachable_requests_become_dead_letters(clean, tmp_path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "scrapy.cfg", project)
+    (project / "scraper" / "spiders" / "poison.py").write_text(POISON_SPIDER)
+    catalog = Catalog(products=40)
+    poisoned = catalog.product(7)
+    with DemoSite(catalog) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project), DLQ_CALLBACK_RETRIES="1")
+        unreachable = f"http://127.0.0.1:{closed_port()}/gone"
+        seeded = run_scrapy(env, "seed", "poison", unreachable, cwd=project)
+        assert seeded.returncode == 0, seeded.stderr
+        result = run_scrapy(env, "crawl", "poison", "-s", "RETRY_TIMES=1", cwd=project)
+        poison_hits = sum(count for path, count in site.stats()["requests"].items() if path.endswith("/p/7.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Spider closed (finished)" in result.stderr
+    # The poison page was tried twice per URL (first try + one callback retry), never more.
+    assert poison_hits == 2 * len(poisoned.paths)
+
+    listing = run_scrapy(env, "dlq", "list", "poison", cwd=project)
+    assert listing.returncode == 0, listing.stderr
+    lines = [l for l in listing.stdout.splitlines() if "attempts=" in l]
+    callback = [l for l in lines if "callback ValueError: this page always breaks the parser" in l]
+    download = [l for l in lines if "download DownloadConnectionRefusedError" in l and unreachable in l]
+    assert len(callback) == len(poisoned.paths) and all("attempts=2" in l for l in callback)
+    assert len(download) == 1 and "attempts=2" in download[0]
+    assert len(lines) == len(callback) + len(download)
+
+    shown = run_scrapy(env, "dlq", "show", "poison", download[0].split()[0], cwd=project)
+    letter = json.loads(shown.stdout)
+    assert letter["url"] == unreachable and json.loads(letter["request"])["url"] == unreachable
+
+    requeued = run_scrapy(env, "dlq", "requeue", "poison", "--reason", "callback", cwd=project)
+    assert f"requeued {len(callback)} dead letter(s) for 'poison'; 1 left" in requeued.stdout
+    assert clean.redis().zcard("poison:requests") == len(callback)
+    # The rest of the site was crawled and stored: one bad page does not stop a crawl.
+    stored = {r[0] for r in clean.query("SELECT sku FROM products")}
+    assert stored == {p.sku for p in catalog.valid_products()} - {poisoned.sku}
