@@ -23,7 +23,7 @@ A job is billed when its result is first delivered; a job that expired unread co
 ``GET /_admin/stats`` reports requests, credits, fetches per target URL and host, and the
 highest number of concurrent fetches per target host; ``POST /_admin/reset`` clears them.
 
-    python -m scraper.scraping_api.standin --port 8700   # key from SCRAPING_API_STANDIN_KEY or --key
+    python -m scraper.scraping_api.standin --port 8700   # key: --key, SCRAPING_API_STANDIN_KEY or SCRAPING_API_KEY
 """
 
 from __future__ import annotations
@@ -358,7 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scraper.scraping_api.standin", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700)
-    parser.add_argument("--key", default=None, help="API key to accept (default: $SCRAPING_API_STANDIN_KEY)")
+    parser.add_argument(
+        "--key", default=None,
+        help="API key to accept (default: $SCRAPING_API_STANDIN_KEY, else $SCRAPING_API_KEY, the crawl's own)",
+    )
     parser.add_argument("--delay-ms", type=int, default=0, help="hold every target fetch this long")
     parser.add_argument("--async-jobs", action="store_true", help="answer 202 + job_id, to be polled")
     parser.add_argument("--job-ready-polls", type=int, default=1)
@@ -368,9 +371,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="answer STATUS to COUNT scrape requests (0: all) after AFTER of them")
     parser.add_argument("--retry-after", type=float, default=None, help="Retry-After sent with --fail answers")
     args = parser.parse_args(argv)
-    key = args.key or os.environ.get("SCRAPING_API_STANDIN_KEY")
+    # The crawl's own variable as a fallback: one key in .env serves both sides in docker compose.
+    key = args.key or os.environ.get("SCRAPING_API_STANDIN_KEY") or os.environ.get("SCRAPING_API_KEY")
     if not key:
-        parser.error("give the key to accept with --key or SCRAPING_API_STANDIN_KEY")
+        parser.error("give the key to accept with --key, SCRAPING_API_STANDIN_KEY or SCRAPING_API_KEY")
     rules = [_rule(r) for r in args.fail]
     for rule in rules:
         if args.retry_after is not None:
