@@ -8,6 +8,8 @@ costs a pause, not a crashed crawl.
 from __future__ import annotations
 
 import atexit
+import os
+import socket
 import threading
 
 import redis
@@ -25,6 +27,8 @@ def get_redis(url: str) -> redis.Redis:
         if client is None:
             client = redis.Redis.from_url(
                 url,
+                # Named so that operators (and tests) can tell crawl connections apart.
+                client_name=f"scraper:{socket.gethostname()}:{os.getpid()}",
                 socket_connect_timeout=5,
                 socket_timeout=30,
                 health_check_interval=30,
