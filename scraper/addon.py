@@ -26,6 +26,8 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("SCHEDULER_IDLE_TIMEOUT", "float", 0),
     ("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "int", 0),
     ("SCHEDULER_PREFETCH", "int", 1),
+    ("SCHEDULER_LEASE_TIMEOUT", "float", 0),
+    ("SCHEDULER_MAX_REDELIVERIES", "int", 0),
     ("SCHEDULER_IDLE_POLL", "float", 0.05),
     ("POSTGRES_BATCH_SIZE", "int", 1),
     ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),

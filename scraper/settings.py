@@ -14,6 +14,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
 ``SCHEDULER_IDLE_TIMEOUT``  Seconds the shared queue must stay empty before a spider stops (10).
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
+``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
+                            worker gets it again (60); 0 turns at-least-once delivery off.
 ``POSTGRES_BATCH_SIZE``     Rows per upsert batch (1000).
 ``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
 ``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
@@ -89,9 +91,13 @@ SCHEDULER_QUEUE_CLASS = "scraper.queue.queues.PriorityQueue"
 SCHEDULER_SERIALIZER = "scraper.queue.serializer"
 SCHEDULER_IDLE_TIMEOUT = _env("SCHEDULER_IDLE_TIMEOUT", "10")
 SCHEDULER_DUPEFILTER_LOCAL_CACHE = _env("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "200000")
-# Requests taken from the shared queue per round trip. Higher is faster, but a killed worker
-# takes that many more requests with it (until at-least-once delivery lands).
+# Requests taken from the shared queue per round trip (leased like the rest).
 SCHEDULER_PREFETCH = _env("SCHEDULER_PREFETCH", "4")
+# At-least-once delivery: a taken request is leased for this many seconds, renewed while its
+# worker lives, and put back in the queue if the worker dies (0 turns leases off).
+SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
+# A request redelivered this many times (its workers keep dying) becomes a dead letter.
+SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
 
 # --- item pipelines, in order -----------------------------------------------------------------

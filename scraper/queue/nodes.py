@@ -15,7 +15,7 @@ import uuid
 from typing import Any, Callable
 
 # Leave; count the others still alive; if none and the queue is empty, drop the run's keys.
-# KEYS: nodes hash, nodes info hash, queue, then the run's keys.
+# KEYS: nodes hash, nodes info hash, queue, lease deadlines, then the run's keys.
 _LEAVE = """
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -31,8 +31,8 @@ for i = 1, #all, 2 do
     redis.call('HDEL', KEYS[2], all[i])
   end
 end
-if live == 0 and ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) == 0 then
-  for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+if live == 0 and ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) == 0 and redis.call('ZCARD', KEYS[4]) == 0 then
+  for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
   return -1
 end
 return live
@@ -67,12 +67,12 @@ class NodeRegistry:
         now = time.time()
         return sum(1 for beat in self.server.hvals(self.key) if float(beat) >= now - self.ttl)
 
-    def leave(self, queue_key: str, finished: bool, run_keys: list[str]) -> int:
+    def leave(self, queue_key: str, finished: bool, run_keys: list[str], leases_key: str | None = None) -> int:
         """Deregister. Returns the number of other live nodes, or -1 when this node was the last
         one out of a finished crawl and the run's keys were dropped."""
         return int(
             self._leave(
-                keys=[self.key, self.info_key, queue_key, *run_keys],
+                keys=[self.key, self.info_key, queue_key, leases_key or f"{queue_key}:no-leases", *run_keys],
                 args=[self.node_id, time.time(), self.ttl, "1" if finished else "0"],
             )
         )

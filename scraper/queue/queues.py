@@ -25,6 +25,9 @@ from .serializer import SerializationError
 logger = logging.getLogger(__name__)
 
 
+LEASE_META = "_lease"
+
+
 class RequestSerializationError(Exception):
     """A request cannot be put in the shared queue."""
 
@@ -63,8 +66,10 @@ class PriorityQueue(_RedisPriorityQueue):
         self.prefetch = max(1, prefetch)
         # Requests encoded but not yet sent: (seen-set key or None, fingerprint, score, data).
         self._staged: list[tuple[str | None, str, float, str]] = []
-        # Requests taken from Redis but not yet handed to the engine: (data, score).
-        self._prefetched: list[tuple[bytes, float]] = []
+        # Requests taken from Redis but not yet handed to the engine: (lease id, score, data).
+        self._prefetched: list[tuple[str | None, float, bytes]] = []
+        # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
+        self.leases: Any = None
 
     def push_if_new(self, request: Request, seen_key: str, fingerprint: str) -> bool:
         """Queue *request* unless *fingerprint* is in the set *seen_key*; True if queued."""
@@ -118,12 +123,18 @@ class PriorityQueue(_RedisPriorityQueue):
     def local_pending(self) -> int:
         return len(self._staged) + len(self._prefetched)
 
+    def prefetched_leases(self) -> set[str]:
+        return {lease for lease, _, _ in self._prefetched if lease}
+
     def return_prefetched(self) -> int:
         """Put requests taken but never handed out back into the shared queue (on close)."""
         if not self._prefetched:
             return 0
         taken, self._prefetched = self._prefetched, []
-        self.server.zadd(self.key, {data: score for data, score in taken})
+        if self.leases is not None:
+            self.leases.give_back(taken)
+        else:
+            self.server.zadd(self.key, {data: score for _, score, data in taken})
         return len(taken)
 
     def _encode_request(self, request: Request) -> str:
@@ -142,13 +153,22 @@ class PriorityQueue(_RedisPriorityQueue):
         # ZPOPMIN takes the best-scored entries atomically, several per round trip when
         # prefetching. A corrupt entry is set aside rather than crashing the engine loop.
         if not self._prefetched:
-            self._prefetched = list(reversed(self.server.zpopmin(self.key, self.prefetch)))
+            if self.leases is not None:
+                taken = self.leases.take(self.prefetch)
+            else:
+                taken = [(None, score, data) for data, score in self.server.zpopmin(self.key, self.prefetch)]
+            self._prefetched = list(reversed(taken))
             if not self._prefetched:
                 return None
-        data, _score = self._prefetched.pop()
+        lease, _score, data = self._prefetched.pop()
         try:
-            return self._decode_request(data)
+            request = self._decode_request(data)
+            if lease:
+                request.meta[LEASE_META] = lease
+            return request
         except (ValueError, TypeError, KeyError) as exc:
+            if lease:
+                self.leases.ack({lease})  # set aside below: the lease has nothing left to guard
             # Kept aside, not lost: `scrapy dlq` shows it to an operator.
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
             self.server.rpush(dead_key(self.spider.name), dead_entry(f"unreadable {exc}"[:300], 1, None, text))

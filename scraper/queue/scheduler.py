@@ -24,12 +24,13 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
-from ..config import get_bool, get_int
+from ..config import get_bool, get_float, get_int
 from ..redis_client import get_redis
 from . import keys
 from .dupefilter import SharedDupeFilter
 from .nodes import NodeRegistry
-from .queues import RequestSerializationError
+from .leases import Leases
+from .queues import LEASE_META, RequestSerializationError
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class SharedScheduler(Scheduler):
         instance.local_cache_size = get_int(settings, "SCHEDULER_DUPEFILTER_LOCAL_CACHE", 200_000, minimum=0)
         instance.debug = settings.getbool("DUPEFILTER_DEBUG")
         instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
+        instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
+        instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
         return instance
 
     def open(self, spider: Spider) -> None:
@@ -74,8 +77,20 @@ class SharedScheduler(Scheduler):
             serializer=self.serializer,
             prefetch=self.prefetch,
         )
+        self.leases = None
+        self._lease_loop: Any = None
+        if self.lease_timeout > 0:
+            self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
+                                 self.lease_timeout, self.max_redeliveries)
+            self.queue.leases = self.leases
         if self.flush_on_start:
             self.flush()
+        if self.leases is not None:
+            self._reap()  # requests a worker of an earlier run died holding
+            from twisted.internet import task
+
+            self._lease_loop = task.LoopingCall(self._tend_leases)
+            self._lease_loop.start(max(0.05, min(0.5, self.lease_timeout / 6)), now=False)
         pending = len(self.queue)
         if pending:
             logger.info("Resuming crawl (%d requests scheduled in the shared queue)", pending)
@@ -91,13 +106,65 @@ class SharedScheduler(Scheduler):
             "items": stats.get_value("item_scraped_count", 0),
         }
 
+    # --- leases ---------------------------------------------------------------------------------
+    def _in_progress(self) -> set[str]:
+        """Leases of requests the engine still works on (downloading, in a callback, or with
+        items in the pipelines). The engine keeps a request in its slot until all of that is
+        done; private attribute, so a rename in Scrapy makes every lease look busy (safe: they
+        are then acknowledged at close)."""
+        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
+        inprogress = getattr(slot, "inprogress", None)
+        if inprogress is None:
+            return set(self.leases.mine)
+        return {r.meta.get(LEASE_META) for r in list(inprogress)} | self.queue.prefetched_leases()
+
+    def _tend_leases(self) -> None:
+        try:
+            # Requests that replace a leased one (retries, redirects) must be in Redis before
+            # the lease they inherit from is acknowledged.
+            self.flush_staged()
+            done = self.leases.mine - self._in_progress()
+            self.leases.ack(done)
+            if done:
+                self.stats.inc_value("scheduler/acked", len(done))
+            self.leases.renew()
+            self._reap()
+            self._wake_engine()
+        except Exception as exc:  # Redis trouble: the next tick tries again; leases outlive a blip
+            logger.warning("Could not tend the request leases: %s", exc)
+
+    def _wake_engine(self) -> None:
+        # While other workers hold leases the engine does not count as idle, so the idle
+        # extension does not poke it and it would look at the shared queue only every 5 s.
+        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
+        if slot is not None and not self.queue.local_pending():
+            slot.nextcall.schedule()
+
+    def _reap(self) -> None:
+        requeued, dead = self.leases.reap()
+        if requeued or dead:
+            self.stats.inc_value("scheduler/redelivered", requeued)
+            if dead:
+                self.stats.inc_value("dead_letters/count", dead)
+                self.stats.inc_value("dead_letters/lease", dead)
+            logger.warning(
+                "Requests of a worker that stopped renewing its leases: %d back in the queue, %d dead letters",
+                requeued, dead,
+            )
+
     def close(self, reason: str) -> None:
+        if self._lease_loop is not None and self._lease_loop.running:
+            self._lease_loop.stop()
         self.flush_staged()
         returned = self.queue.return_prefetched()
         if returned:
             logger.info("Returned %d prefetched requests to the shared queue", returned)
+        if self.leases is not None:
+            # The engine has drained: everything this node still holds is done.
+            self.leases.ack(set(self.leases.mine))
         finished = reason == "finished"
-        outcome = self.nodes.leave(self.queue.key, finished, keys.crawl_scoped_keys(self.spider.name))
+        outcome = self.nodes.leave(self.queue.key, finished, keys.crawl_scoped_keys(self.spider.name),
+                                   leases_key=self.leases.deadlines_key if self.leases else None)
         if outcome == -1:
             logger.info(
                 "Crawl of %r complete on every node: its seen-set was cleared so the next run starts fresh",
@@ -161,4 +228,7 @@ class SharedScheduler(Scheduler):
         return request
 
     def has_pending_requests(self) -> bool:
-        return self.queue.local_pending() > 0 or len(self.queue) > 0
+        if self.queue.local_pending() > 0 or len(self.queue) > 0:
+            return True
+        # Another worker's leases: if it dies, its requests come back here.
+        return self.leases is not None and self.leases.outstanding_elsewhere() > 0
