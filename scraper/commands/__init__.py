@@ -18,3 +18,10 @@ def backends_or_report(command: Any) -> backends.Backends | None:
         print(f"error: {exc}", file=sys.stderr)
         command.exitcode = 2
         return None
+
+
+class SpiderName:
+    """Just enough of a spider for the queue objects an operator command builds: a name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name

@@ -18,12 +18,8 @@ from scrapy.exceptions import UsageError
 
 from ..queue.dead_letters import DeadLetters
 from ..redis_client import get_redis
-from . import backends_or_report
+from . import SpiderName, backends_or_report
 
-
-class _Named:
-    def __init__(self, name: str) -> None:
-        self.name = name
 
 
 class Command(ScrapyCommand):
@@ -47,7 +43,7 @@ class Command(ScrapyCommand):
         found = backends_or_report(self)
         if found is None:
             return
-        letters = DeadLetters(get_redis(found.redis_url), _Named(spider))
+        letters = DeadLetters(get_redis(found.redis_url), SpiderName(spider))
         if action == "list":
             shown = 0
             for index, letter in letters.entries():

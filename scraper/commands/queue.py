@@ -17,7 +17,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
-from . import backends_or_report
+from . import SpiderName, backends_or_report
 from ..queue import keys
 from ..queue.queues import PriorityQueue
 from ..redis_client import get_redis
@@ -25,16 +25,10 @@ from ..redis_client import get_redis
 NODE_TTL = 60.0
 
 
-class _Named:
-    """Just enough of a spider for a queue object: a name."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
 
 def snapshot(server: Any, name: str, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
-    queue = PriorityQueue(server, _Named(name), keys.queue_key(name))
+    queue = PriorityQueue(server, SpiderName(name), keys.queue_key(name))
     beats = {k.decode(): float(v) for k, v in server.hgetall(keys.nodes_key(name)).items()}
     live = {node for node, beat in beats.items() if beat >= now - NODE_TTL}
     infos = [json.loads(v) for k, v in server.hgetall(f"{keys.nodes_key(name)}:info").items() if k.decode() in live]
