@@ -41,7 +41,7 @@ class SharedDupeFilter(RFPDupeFilter):
         """Answer from this process' memory alone: (seen before here, hex fingerprint).
 
         A request not seen here is remembered as seen: the caller is about to claim it in
-        Redis (see :meth:`request_seen`, or the scheduler's one-round-trip push)."""
+        Redis (see :meth:`request_seen`, or the scheduler's pipelined push)."""
         fp = self.fingerprinter.fingerprint(request)
         if fp in self._local:
             if self.stats is not None:
@@ -56,9 +56,6 @@ class SharedDupeFilter(RFPDupeFilter):
     def request_seen(self, request: Request) -> bool:
         seen, fp = self.seen_locally(request)
         return seen or self.server.sadd(self.key, fp) == 0
-
-    def forget_local(self) -> None:
-        self._local.clear()
 
     def close(self, reason: str = "") -> None:
         # Never delete the shared set here: other nodes are still using it.

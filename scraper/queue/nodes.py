@@ -63,10 +63,6 @@ class NodeRegistry:
             pipe.execute()
             self._last_beat = now
 
-    def live_nodes(self) -> int:
-        now = time.time()
-        return sum(1 for beat in self.server.hvals(self.key) if float(beat) >= now - self.ttl)
-
     def leave(self, queue_key: str, finished: bool, run_keys: list[str], leases_key: str | None = None) -> int:
         """Deregister. Returns the number of other live nodes, or -1 when this node was the last
         one out of a finished crawl and the run's keys were dropped."""

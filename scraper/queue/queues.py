@@ -71,12 +71,6 @@ class PriorityQueue(_RedisPriorityQueue):
         # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
         self.leases: Any = None
 
-    def push_if_new(self, request: Request, seen_key: str, fingerprint: str) -> bool:
-        """Queue *request* unless *fingerprint* is in the set *seen_key*; True if queued."""
-        data = self._encode_request(request)
-        score = score_for(request.priority)
-        return bool(self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, score, data]))
-
     def push(self, request: Request) -> None:
         self.server.execute_command("ZADD", self.key, score_for(request.priority), self._encode_request(request))
 
