@@ -32,6 +32,8 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("POSTGRES_BATCH_SIZE", "int", 1),
     ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),
     ("POSTGRES_LAST_SEEN_RESOLUTION", "float", 0),
+    ("POSTGRES_MAX_PENDING", "int", 1),
+    ("POSTGRES_RETRY_TIMEOUT", "float", 0),
     ("METRICS_PORT", "int", 0),
     ("DLQ_CALLBACK_RETRIES", "int", 0),
     ("METRICS_PORT_RANGE", "int", 1),

@@ -44,15 +44,18 @@ class Backends:
         )
 
 
-def resolve(settings: BaseSettings) -> Backends:
-    """Return the Redis and Postgres URLs to use, starting embedded servers when none is set."""
+def resolve(settings: BaseSettings, need_postgres: bool = True) -> Backends:
+    """Return the Redis and Postgres URLs to use, starting embedded servers when none is set.
+
+    Commands that only read the queue (``dlq``, ``queue``) pass ``need_postgres=False``, so they
+    still work while the database is down: its URL is then passed through unchecked."""
     install_log_redaction()
     redis_url = (settings.get("REDIS_URL") or "").strip()
     database_url = (settings.get("DATABASE_URL") or "").strip()
     data_dir = str(settings.get("DATA_DIR") or ".data")
     register_url_password(redis_url)
     register_url_password(database_url)
-    key = (redis_url, database_url, data_dir)
+    key = (redis_url, database_url, data_dir, need_postgres)
     with _lock:
         if key in _resolved:
             return _resolved[key]
@@ -60,11 +63,13 @@ def resolve(settings: BaseSettings) -> Backends:
             check_redis(redis_url)
         else:
             redis_url = _start_embedded_redis(Path(data_dir))
-        if database_url:
+        if not need_postgres:
+            pass
+        elif database_url:
             check_postgres(database_url)
         else:
             database_url = _start_embedded_postgres(Path(data_dir))
-        backends = Backends(redis_url, database_url, not key[0], not key[1])
+        backends = Backends(redis_url, database_url, not key[0], not key[1] and need_postgres)
         _resolved[key] = backends
         return backends
 
@@ -144,12 +149,12 @@ def _start_embedded_postgres(data_dir: Path) -> str:
     return server.get_uri()
 
 
-def apply(settings: BaseSettings, priority: str = "cmdline") -> Backends:
+def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool = True) -> Backends:
     """Resolve and write the effective URLs into *settings* (before they are frozen).
 
     Written at the highest priority: the resolved URL is the effective one whatever level
     (project, spider, command line) the original came from."""
-    backends = resolve(settings)
+    backends = resolve(settings, need_postgres)
     settings.set("REDIS_URL", backends.redis_url, priority=priority)
     settings.set("DATABASE_URL", backends.database_url, priority=priority)
     return backends

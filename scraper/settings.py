@@ -20,6 +20,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
 ``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
                             in seconds (3600); 0 refreshes it on every sighting (one write per row).
+``POSTGRES_MAX_PENDING``    Rows waiting for the database before new downloads are held (10000).
+``POSTGRES_RETRY_TIMEOUT``  Seconds to keep retrying an unreachable database (600); then the
+                            unstored pages become dead letters and the spider stops.
 ``METRICS_ENABLED``         Serve Prometheus metrics from each crawl process (true).
 ``METRICS_BIND``            Address of the metrics endpoint (127.0.0.1).
 ``METRICS_PORT``            First port tried for it (9410); ``METRICS_PORT_RANGE`` ports are tried (50).
@@ -110,6 +113,10 @@ ITEM_PIPELINES = {
 POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "1000")
 POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
 POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
+# While the database is away: new downloads wait once this many rows wait to be written, and
+# after this many seconds the crawl stops with its unstored pages in the dead letters.
+POSTGRES_MAX_PENDING = _env("POSTGRES_MAX_PENDING", "10000")
+POSTGRES_RETRY_TIMEOUT = _env("POSTGRES_RETRY_TIMEOUT", "600")
 
 EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
@@ -143,6 +150,8 @@ DOWNLOADER_MIDDLEWARES = {
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
     # Just outside RetryMiddleware (550): sees what it gave up on.
     "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": 540,
+    # First of all: no new download starts while the database is behind.
+    "scraper.middlewares.backpressure.StoreBackpressureMiddleware": 10,
 }
 
 # --- metrics (Prometheus) -------------------------------------------------------------------

@@ -9,11 +9,11 @@ from .. import backends
 from ..config import ConfigError
 
 
-def backends_or_report(command: Any) -> backends.Backends | None:
-    """Resolve Redis and Postgres for an operator command; on a bad setting, print the one-line
-    error, set exit status 2 and return None."""
+def backends_or_report(command: Any, need_postgres: bool = True) -> backends.Backends | None:
+    """Resolve Redis and Postgres (or Redis alone) for an operator command; on a bad setting,
+    print the one-line error, set exit status 2 and return None."""
     try:
-        return backends.apply(command.settings, priority="cmdline")
+        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         command.exitcode = 2

@@ -40,7 +40,7 @@ class Command(ScrapyCommand):
         if len(args) < 2 or args[0] not in ("list", "show", "requeue"):
             raise UsageError("scrapy dlq list|show|requeue <spider> ...")
         action, spider = args[0], args[1]
-        found = backends_or_report(self)
+        found = backends_or_report(self, need_postgres=False)
         if found is None:
             return
         letters = DeadLetters(get_redis(found.redis_url), SpiderName(spider))

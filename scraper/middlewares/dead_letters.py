@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from scrapy import Request
+from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
 
@@ -33,6 +34,14 @@ def _dead_letters(crawler: Any) -> DeadLetters:
         store = DeadLetters(get_redis(crawler.settings["REDIS_URL"]), crawler.spider)
         crawler._dead_letters = store
     return store
+
+
+def bury(crawler: Any, request: Request, reason: str, attempts: int) -> None:
+    """Make *request* a dead letter, counted as ``dead_letters/<first word of reason>``."""
+    _dead_letters(crawler).add(request, reason, attempts)
+    crawler.stats.inc_value("dead_letters/count")
+    crawler.stats.inc_value(f"dead_letters/{reason.split()[0].rstrip(':')}")
+    logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
 
 
 class DeadLetterDownloaderMiddleware:
@@ -59,15 +68,13 @@ class DeadLetterDownloaderMiddleware:
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
+        if isinstance(exception, IgnoreRequest):
+            return None  # dropped on purpose (robots.txt, offsite, a stopping crawl), not failed
         if self._gave_up(request):
             self._bury(request, f"download {type(exception).__name__}")
 
     def _bury(self, request: Request, reason: str) -> None:
-        attempts = request.meta.get("retry_times", 0) + 1
-        _dead_letters(self.crawler).add(request, reason, attempts)
-        self.crawler.stats.inc_value("dead_letters/count")
-        self.crawler.stats.inc_value(f"dead_letters/{reason.split()[0]}")
-        logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
+        bury(self.crawler, request, reason, request.meta.get("retry_times", 0) + 1)
 
 
 class DeadLetterSpiderMiddleware:
@@ -89,9 +96,5 @@ class DeadLetterSpiderMiddleware:
             retry = request.replace(dont_filter=True)
             retry.meta[ATTEMPTS_META] = attempts
             return [retry]
-        reason = f"callback {type(exception).__name__}: {str(exception)[:200]}"
-        _dead_letters(self.crawler).add(request, reason, attempts)
-        self.crawler.stats.inc_value("dead_letters/count")
-        self.crawler.stats.inc_value("dead_letters/callback")
-        logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
+        bury(self.crawler, request, f"callback {type(exception).__name__}: {str(exception)[:200]}", attempts)
         return None  # still logged by Scrapy as a spider error

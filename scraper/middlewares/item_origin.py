@@ -33,6 +33,8 @@ class ItemOriginMiddleware:
             obj._yielded_at = time.monotonic()
             if response is not None:
                 obj._origin = response.url
+                # Kept so that a page whose items cannot be stored can be dead-lettered.
+                obj._request = response.request
 
     async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for obj in result:

@@ -3,7 +3,8 @@
 The item is passed on only once its batch is committed (see :mod:`scraper.storage.writer`), so
 ``item_scraped_count`` counts durable rows. Outcomes are counted as ``postgres/inserted``,
 ``postgres/updated`` (content changed) and ``postgres/unchanged``. A row the database refuses
-goes to ``rejects`` with the database's reason.
+goes to ``rejects`` with the database's reason; an item the database stayed away for is set
+aside with its page (see :mod:`scraper.pipelines.unstored`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
 from ..storage.upsert import Row
-from ..storage.writer import WriteFailed, writer_for
+from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from .unstored import set_aside
 from .validate import reject_record
 
 
@@ -36,6 +38,8 @@ class StorePipeline:
         stats = self.crawler.stats
         try:
             outcome = await maybe_deferred_to_future(self.writer.add(type(item), row))
+        except DatabaseUnavailable as exc:
+            raise set_aside(self.crawler, item, exc) from None
         except WriteFailed as exc:
             if not str(exc).startswith("database refused"):
                 raise

@@ -19,7 +19,8 @@ from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
-from ..storage.writer import writer_for
+from ..storage.writer import DatabaseUnavailable, writer_for
+from .unstored import set_aside
 
 logger = logging.getLogger(__name__)
 
@@ -94,5 +95,8 @@ class ValidatePipeline:
         for reason in reasons:
             stats.inc_value(f"item_rejected_reasons/{reason.split(':', 1)[0]}")
         stats.inc_value("item_rejected_count")
-        await maybe_deferred_to_future(self.writer.add_reject(reject_record(self.crawler.spider.name, item, reasons)))
+        try:
+            await maybe_deferred_to_future(self.writer.add_reject(reject_record(self.crawler.spider.name, item, reasons)))
+        except DatabaseUnavailable as exc:
+            raise set_aside(self.crawler, item, exc) from None
         raise DropItem(f"Rejected ({'; '.join(reasons)})", log_level="INFO")

@@ -40,6 +40,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred, DeferredSemaphore
 
 from ..config import ConfigError, get_choice, get_float, get_int
+from ..middlewares.requeue import requeue
 from ..secrets import install_log_redaction, redact, register_secret
 from .budget import Budget
 from .providers import PROVIDERS, ApiCall, ApiError, Expired, Job, Provider, Result, Target
@@ -409,15 +410,7 @@ class ScrapingApiMiddleware:
         self._raise_if_stopping(request)
 
     def _requeue(self, request: Request) -> None:
-        """Put a request this process will not fetch back into the shared queue, for the next run."""
-        engine = self.crawler.engine
-        if getattr(engine, "spider", None) is None:
-            return
-        try:
-            engine.crawl(request.replace(dont_filter=True))
-            self.stats.inc_value("scraping_api/requeued")
-        except Exception as exc:
-            logger.error("Could not put %s back into the queue: %s", request.url, redact(str(exc)))
+        requeue(self.crawler, request, "scraping_api/requeued")
 
     async def _sleep(self, seconds: float) -> None:
         if seconds <= 0 or self.stopping:

@@ -9,6 +9,13 @@ slows the crawl down instead of filling memory.
 Transient failures (deadlock, serialization failure, a dropped connection) are retried with
 backoff; a row the database refuses (a value out of range, say) is isolated and reported as
 failed without failing the rest of its batch.
+
+While the database is away, rows wait here: ``over_limit()`` tells the backpressure middleware
+(:mod:`scraper.middlewares.backpressure`) to hold new downloads once ``POSTGRES_MAX_PENDING``
+rows wait, so memory stays bounded and the crawl pauses instead of piling up pages. After
+``POSTGRES_RETRY_TIMEOUT`` seconds without a database the writer gives up: every waiting row
+fails with :class:`DatabaseUnavailable` at once (the store pipeline dead-letters their pages),
+and so does every later row, without another long wait.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ class WriteFailed(Exception):
     """The database refused a row, or stayed unreachable past the retry budget."""
 
 
+class DatabaseUnavailable(WriteFailed):
+    """The database stayed unreachable for longer than ``POSTGRES_RETRY_TIMEOUT``."""
+
+
 class PostgresWriter:
     def __init__(
         self,
@@ -56,7 +67,8 @@ class PostgresWriter:
         batch_size: int = 1000,
         flush_interval: float = 1.0,
         last_seen_resolution: float = 3600.0,
-        retry_timeout: float = 300.0,
+        retry_timeout: float = 600.0,
+        max_pending: int = 10_000,
         stats: Any = None,
     ) -> None:
         self.dsn = dsn
@@ -64,7 +76,12 @@ class PostgresWriter:
         self.flush_interval = flush_interval
         self.last_seen_resolution = last_seen_resolution
         self.retry_timeout = retry_timeout
+        self.max_pending = max_pending
         self.stats = stats
+        # Set once the database stayed away past retry_timeout: later rows fail at once.
+        self.gave_up: str | None = None
+        self._in_flight = 0
+        self._room: list[defer.Deferred] = []
         self._conn: Any = None
         self._types: dict[str, type[StoredItem]] = {}
         self._upserters: dict[str, TableUpserter] = {}
@@ -97,9 +114,28 @@ class PostgresWriter:
     def pending(self) -> int:
         return sum(len(b) for b in self._buffers.values()) + len(self._rejects)
 
+    def over_limit(self) -> bool:
+        """True while more rows wait (buffered or being written) than ``max_pending``."""
+        return self.gave_up is None and self.pending() + self._in_flight >= self.max_pending
+
+    def wait_for_room(self) -> defer.Deferred:
+        """Fires once the rows waiting drop to half of ``max_pending`` (or the writer gives up);
+        the hysteresis keeps a recovering database from being hit by one download at a time."""
+        d: defer.Deferred = defer.Deferred()
+        self._room.append(d)
+        return d
+
+    def _release_room(self) -> None:
+        if self._room and (self.gave_up is not None or self.pending() + self._in_flight <= self.max_pending // 2):
+            waiting, self._room = self._room, []
+            for d in waiting:
+                d.callback(None)
+
     # --- adding -------------------------------------------------------------------------------
     def add(self, item_type: type[StoredItem], row: Row) -> defer.Deferred:
         """Queue *row*; the Deferred fires with ``inserted``/``updated``/``unchanged`` after commit."""
+        if self.gave_up is not None:
+            return defer.fail(DatabaseUnavailable(self.gave_up))
         if item_type.table not in self._types:
             self._register(item_type, migrate=True)
         d: defer.Deferred = defer.Deferred()
@@ -108,6 +144,8 @@ class PostgresWriter:
         return d
 
     def add_reject(self, record: dict[str, Any]) -> defer.Deferred:
+        if self.gave_up is not None:
+            return defer.fail(DatabaseUnavailable(self.gave_up))
         d: defer.Deferred = defer.Deferred()
         self._rejects.append((record, d))
         self._note_added()
@@ -145,11 +183,13 @@ class PostgresWriter:
         rejects, self._rejects = self._rejects[: self.batch_size], self._rejects[self.batch_size :]
         self._oldest = time.monotonic() if self.pending() else None
         started = time.monotonic()
+        self._in_flight = sum(map(len, batches.values())) + len(rejects)
         d = threads.deferToThread(self._write, batches, [r for r, _ in rejects])
         self._flushing = d
 
         def done(results: dict[str, BatchResult]) -> None:
             self._flushing = None
+            self._in_flight = 0
             rows = 0
             for table, pendings in batches.items():
                 result = results[table]
@@ -173,21 +213,37 @@ class PostgresWriter:
 
         def failed(failure: Any) -> None:
             self._flushing = None
-            message = redact(str(failure.value))
-            logger.error("Giving up on a batch of %d rows: %s", sum(map(len, batches.values())) + len(rejects), message)
+            self._in_flight = 0
+            message = redact(" ".join(str(failure.value).split()))
+            waiting = list(batches.values())
+            waiting_rejects = list(rejects)
+            error: type[WriteFailed] = WriteFailed
+            if failure.check(*_CONNECTION_LOST):
+                # Every row behind this batch would wait just as long again: fail them all now.
+                self.gave_up = message = f"database unavailable for over {self.retry_timeout:g} s: {message}"
+                error = DatabaseUnavailable
+                waiting += list(self._buffers.values())
+                waiting_rejects += self._rejects
+                self._buffers.clear()
+                self._rejects = []
+                self._oldest = None
+            rows = sum(map(len, waiting)) + len(waiting_rejects)
+            logger.error("Giving up on %d rows: %s", rows, message)
             if self.stats is not None:
                 self.stats.inc_value("postgres/write_failures")
-            for pendings in batches.values():
+                self.stats.inc_value("postgres/rows_failed", rows)
+            for pendings in waiting:
                 for p in pendings:
-                    p.deferred.errback(WriteFailed(message))
-            for _, rd in rejects:
-                rd.errback(WriteFailed(message))
+                    p.deferred.errback(error(message))
+            for _, rd in waiting_rejects:
+                rd.errback(error(message))
             self._after_flush()
 
         d.addCallbacks(done, failed)
         return d
 
     def _after_flush(self) -> None:
+        self._release_room()
         # Keep draining while full batches wait, and always on close.
         if self.pending() and (self._closed or self.pending() >= self.batch_size):
             from twisted.internet import reactor
@@ -223,7 +279,7 @@ class PostgresWriter:
                 if time.monotonic() >= deadline:
                     raise
                 logger.warning("Database unavailable (%s); retrying the batch (attempt %d)", redact(" ".join(str(exc).split())), attempt)
-            time.sleep(min(10.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            time.sleep(min(5.0, 0.05 * 2**attempt) * (0.5 + random.random()))
 
     def _write_once(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
         results: dict[str, BatchResult] = {}
@@ -313,7 +369,8 @@ def writer_for(crawler: Any) -> PostgresWriter:
         batch_size=get_int(settings, "POSTGRES_BATCH_SIZE", 1000, minimum=1),
         flush_interval=get_float(settings, "POSTGRES_FLUSH_INTERVAL", 1.0, minimum=0.01),
         last_seen_resolution=get_float(settings, "POSTGRES_LAST_SEEN_RESOLUTION", 3600.0, minimum=0),
-        retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 300.0, minimum=0),
+        retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 600.0, minimum=0),
+        max_pending=get_int(settings, "POSTGRES_MAX_PENDING", 10_000, minimum=1),
         stats=crawler.stats,
     )
     writer.open(stored_item_types())

@@ -1,0 +1,46 @@
+"""Items the database could not take: their page becomes a dead letter and the crawl stops.
+
+When Postgres stays away past ``POSTGRES_RETRY_TIMEOUT`` the writer fails every waiting row at
+once (:class:`~scraper.storage.writer.DatabaseUnavailable`). Those items are gone from this
+process, but the page each came from is kept: it goes to the dead letters once, with the reason
+(``store: database unavailable …``), so ``scrapy dlq requeue <spider> --reason store`` fetches
+it again when the database is back. The spider then closes with ``postgres_unavailable``: every
+further page would only end up there too. Requests still in the shared queue stay for the next
+run.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from scrapy.exceptions import DropItem
+from scrapy.utils.defer import deferred_from_coro
+
+from ..middlewares.dead_letters import bury
+
+logger = logging.getLogger(__name__)
+
+CLOSE_REASON = "postgres_unavailable"
+
+
+def set_aside(crawler: Any, item: Any, error: Exception) -> DropItem:
+    """Dead-letter *item*'s page (once per page) and stop the crawl; returns the DropItem to raise."""
+    crawler.stats.inc_value("postgres/items_not_stored")
+    request = getattr(item, "_request", None)
+    buried = crawler.__dict__.setdefault("_unstored_requests", weakref.WeakSet())
+    if request is not None and request not in buried:
+        buried.add(request)
+        bury(crawler, request, f"store: {error}", 1)
+    elif request is None:
+        logger.error("An item that could not be stored has no page to dead-letter: %r", item)
+    engine = crawler.engine
+    if not crawler.__dict__.get("_closing_for_postgres"):
+        crawler._closing_for_postgres = True
+        logger.error("Stopping the crawl: %s. Its pages are dead letters (requeue them with "
+                     "`scrapy dlq requeue %s --reason store`); the queue is kept.", error, crawler.spider.name)
+        deferred_from_coro(engine.close_spider_async(reason=CLOSE_REASON)).addErrback(
+            lambda f: logger.error("Could not close the spider: %s", f.getErrorMessage())
+        )
+    return DropItem(f"Not stored ({error})", log_level="ERROR")

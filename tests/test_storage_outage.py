@@ -1,0 +1,153 @@
+"""Postgres going away mid-crawl: the crawl holds still, loses nothing, and finishes when it is
+back; if it stays away, the unstored pages become dead letters and nothing is lost either.
+
+These tests run their own Postgres (pgserver's binaries, a throwaway data folder) so that they
+can really stop it: the machine's shared server is left alone.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from conftest import crawl_env, run_scrapy
+from scraper.demo_site import Catalog, DemoSite
+from test_metrics import start_crawl, wait_for
+
+
+class StoppablePostgres:
+    def __init__(self, folder: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+
+        self.server: Any = pgserver.get_server(folder, cleanup_mode="delete")
+        self.url = self.server.get_uri()
+
+    def stop(self) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user, timeout=30)
+
+    def start(self) -> None:
+        self.server.ensure_postgres_running()
+
+    def query(self, sql: str) -> list[tuple]:
+        conn = psycopg2.connect(self.url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchall()
+        finally:
+            conn.close()
+
+    def count(self, table: str) -> int:
+        try:
+            return self.query(f"SELECT count(*) FROM {table}")[0][0]
+        except psycopg2.Error:
+            return 0  # not created yet
+
+
+@pytest.fixture
+def postgres(tmp_path: Path):
+    pg = StoppablePostgres(tmp_path / "pg")
+    try:
+        yield pg
+    finally:
+        try:
+            pg.server.cleanup()
+        except Exception:
+            pass
+
+
+def assert_every_product_once(pg: StoppablePostgres, catalog: Catalog) -> None:
+    rows = pg.query("SELECT sku, count(*) FROM products GROUP BY sku")
+    assert all(n == 1 for _, n in rows)
+    assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
+    assert pg.query("SELECT count(DISTINCT url) FROM rejects")[0][0] == len(catalog.broken_products())
+
+
+def plateau(site: DemoSite, quiet: float, timeout: float) -> int:
+    """Wait until the site sees no request for *quiet* seconds; returns its request count."""
+    deadline = time.monotonic() + timeout
+    last, since = site.stats()["total"], time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = site.stats()["total"]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError(f"the crawl kept fetching while the database was down ({last} requests)")
+
+
+def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -> None:
+    catalog = Catalog(products=150)
+    with DemoSite(catalog, delay_ms=40) as site:
+        env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
+                        POSTGRES_MAX_PENDING="20", SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5",
+                        POSTGRES_RETRY_TIMEOUT="300")
+        workers = [start_crawl(env) for _ in range(2)]
+        wait_for(lambda: postgres.count("products") >= 15, timeout=60)
+        postgres.stop()
+        stopped_at = site.stats()["total"]
+        # Backpressure: once 20 rows wait per worker, no new download starts.
+        held = plateau(site, quiet=3.0, timeout=30)
+        assert held - stopped_at <= 2 * (20 + 4 + 8), (stopped_at, held)
+        # Requests whose items are not committed stay leased, not acknowledged...
+        leased = clean.redis().hlen("demo:leased")
+        assert leased > 0
+        # ...so a worker that dies now loses nothing: the survivor gets its requests back.
+        workers[0].proc.send_signal(signal.SIGKILL)
+        time.sleep(1)
+        postgres.start()
+        survivor_log = workers[1].communicate(timeout=180)[1]
+        workers[0].communicate(timeout=10)
+        counts = site.stats()["requests"]
+    assert workers[1].returncode == 0, survivor_log[-3000:]
+    assert "Spider closed (finished)" in survivor_log, survivor_log[-3000:]
+    assert "Database unavailable" in survivor_log
+    assert "holding new downloads" in survivor_log and "downloading again" in survivor_log
+    assert "back in the queue" in survivor_log  # the killed worker's leases were reaped
+    pages = {p: n for p, n in counts.items() if p != "/robots.txt"}
+    assert sorted(pages) == sorted(catalog.pages())
+    assert_every_product_once(postgres, catalog)
+    redis = clean.redis()
+    assert redis.llen("demo:dead") == 0
+    assert redis.zcard("demo:lease_deadlines") == 0 and redis.hlen("demo:leased") == 0
+
+
+def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: StoppablePostgres) -> None:
+    catalog = Catalog(products=100)
+    with DemoSite(catalog, delay_ms=50) as site:
+        env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
+                        POSTGRES_RETRY_TIMEOUT="3", POSTGRES_MAX_PENDING="10", SCHEDULER_IDLE_TIMEOUT="3")
+        worker = start_crawl(env)
+        wait_for(lambda: postgres.count("products") >= 10, timeout=60)
+        postgres.stop()
+        log = worker.communicate(timeout=120)[1]
+        assert worker.returncode == 0, log[-3000:]
+        assert "Spider closed (postgres_unavailable)" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+        assert "scrapy dlq requeue demo --reason store" in log  # the way back, told to the operator
+        redis = clean.redis()
+        dead = redis.llen("demo:dead")
+        assert dead > 0
+        assert redis.zcard("demo:requests") > 0  # the rest of the crawl waits in the queue
+        listing = run_scrapy(env, "dlq", "list", "demo")
+        assert listing.stdout.count("store: database unavailable") == dead, listing.stdout[-2000:]
+
+        postgres.start()
+        requeued = run_scrapy(env, "dlq", "requeue", "demo", "--reason", "store")
+        assert requeued.returncode == 0, requeued.stderr[-2000:]
+        again = run_scrapy(env, "crawl", "demo", timeout=180)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "Spider closed (finished)" in again.stderr
+    assert redis.llen("demo:dead") == 0
+    assert_every_product_once(postgres, catalog)
