@@ -10,11 +10,14 @@ machine do not interfere.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg2
@@ -135,6 +138,25 @@ def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180, cwd: Path 
     return subprocess.run(
         scrapy_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def assert_each_product_stored_or_rejected_once(query: Any, catalog: Catalog) -> None:
+    """Every valid product is exactly one row; every broken one is in ``rejects`` (from each of
+    its pages when it has no canonical URL); nothing else. *query* runs SQL on the crawl's database."""
+    rows = query("SELECT sku, count(*) FROM products GROUP BY sku")
+    assert all(n == 1 for _, n in rows), [r for r in rows if r[1] != 1]
+    assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
+    rejected = {int(m) for (url,) in query("SELECT DISTINCT url FROM rejects") for m in re.findall(r"/p/(\d+)\.html$", url or "")}
+    assert rejected == {p.id for p in catalog.broken_products()}
+
+
+def project_with_spider(tmp_path: Path, module: str, code: str) -> Path:
+    """A copy of the project with one more spider module, run as a user's project would be."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "scrapy.cfg", project)
+    (project / "scraper" / "spiders" / f"{module}.py").write_text(code)
+    return project
 
 
 def crawl(services: Services, site: DemoSite, spider: str = "demo", **extra: str) -> subprocess.CompletedProcess:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
+import time
+from pathlib import Path
 
-from conftest import crawl_env
+import psycopg2
+
+from conftest import assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
 
@@ -39,10 +45,136 @@ def test_a_killed_workers_requests_are_redelivered(clean) -> None:
     assert 0 < reaped <= leased
     assert sum(pages.values()) - len(pages) <= reaped
     # Outcome of every product: exactly one of stored row, reject, dead letter. None lost.
-    rows = clean.query("SELECT sku, count(*) FROM products GROUP BY sku")
-    assert all(n == 1 for _, n in rows)
-    assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
-    rejected = clean.query("SELECT count(DISTINCT url) FROM rejects")[0][0]
-    assert rejected == len(catalog.broken_products())
-    assert clean.redis().llen("demo:dead") == 0
-    assert clean.redis().zcard("demo:lease_deadlines") == 0 and clean.redis().hlen("demo:leased") == 0
+    assert_every_outcome_once(clean, catalog)
+
+
+def assert_every_outcome_once(clean, catalog: Catalog, spider: str = "demo") -> None:
+    """Every product is exactly one of: a stored row, a reject, a dead letter; none lost."""
+    assert_each_product_stored_or_rejected_once(clean.query, catalog)
+    redis = clean.redis()
+    assert redis.llen(f"{spider}:dead") == 0
+    assert redis.zcard(f"{spider}:lease_deadlines") == 0 and redis.hlen(f"{spider}:leased") == 0
+
+
+# Product pages take 0.25 s of blocking work in the callback and mark where each callback is, so
+# that the test can kill a worker while it is inside one.
+SLOW_CALLBACK_SPIDER = """
+import os
+import time
+
+from scraper.spiders.demo import DemoSpider
+
+
+class SlowCallbackSpider(DemoSpider):
+    name = "slowcb"
+
+    def parse_product(self, response):
+        marks = os.environ["CALLBACK_MARKS"] + f".{os.getpid()}"
+        with open(marks, "a") as f:
+            f.write(f"enter {response.url}\\n")
+        time.sleep(0.25)
+        yield from super().parse_product(response)
+        with open(marks, "a") as f:
+            f.write(f"leave {response.url}\\n")
+"""
+
+
+def test_a_worker_killed_inside_a_callback(clean, tmp_path: Path) -> None:
+    project = project_with_spider(tmp_path, "slowcb", SLOW_CALLBACK_SPIDER)
+    marks = tmp_path / "marks"
+    catalog = Catalog(products=40)
+    with DemoSite(catalog) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project), CALLBACK_MARKS=str(marks),
+                        CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5")
+        workers = [start_crawl(env, spider="slowcb", cwd=project) for _ in range(2)]
+        victim = workers[0]
+        victim_marks = Path(f"{marks}.{victim.proc.pid}")
+
+        def inside_a_callback() -> str | None:
+            lines = victim_marks.read_text().splitlines() if victim_marks.exists() else []
+            entered = [l.split()[1] for l in lines if l.startswith("enter ")]
+            left = {l.split()[1] for l in lines if l.startswith("leave ")}
+            return entered[-1] if len(entered) >= 3 and entered[-1] not in left else None
+
+        url = wait_for(inside_a_callback, timeout=60, step=0.02)
+        victim.proc.send_signal(signal.SIGKILL)
+        survivor_log = workers[1].communicate(timeout=180)[1]
+        victim.communicate(timeout=10)
+        counts = site.stats()["requests"]
+    assert "Spider closed (finished)" in survivor_log, survivor_log[-3000:]
+    assert "leave " + url not in victim_marks.read_text()  # killed inside that callback
+    path = "/" + url.split("/", 3)[3]
+    assert counts[path] == 2  # the page it was parsing was fetched again by the survivor
+    assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
+    assert_every_outcome_once(clean, catalog, spider="slowcb")
+
+
+def test_a_worker_killed_while_writing_a_batch(clean) -> None:
+    catalog = Catalog(products=80)
+    with DemoSite(catalog, delay_ms=20) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="3",
+                        SCHEDULER_IDLE_TIMEOUT="5")
+        workers = [start_crawl(env) for _ in range(2)]
+        wait_for(lambda: clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]
+                 and clean.query("SELECT count(*) FROM products")[0][0] >= 5, timeout=60, step=0.05)
+        # Hold the table: the next batch of each worker blocks inside its upsert, mid-transaction
+        # (so does any query on it, this test's own included, until the rollback below).
+        blocker = psycopg2.connect(clean.database_url)
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            waiting = wait_for(lambda: clean.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'scraper' "
+                "AND wait_event_type = 'Lock' AND datname = current_database()")[0][0], timeout=30, step=0.05)
+            workers[0].proc.send_signal(signal.SIGKILL)
+        blocker.rollback()
+        blocker.close()
+        survivor_log = workers[1].communicate(timeout=180)[1]
+        workers[0].communicate(timeout=10)
+        counts = site.stats()["requests"]
+    assert waiting >= 1
+    assert "Spider closed (finished)" in survivor_log, survivor_log[-3000:]
+    assert "back in the queue" in survivor_log  # the victim's leases, its unwritten batch among them
+    assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
+    assert_every_outcome_once(clean, catalog)
+
+
+def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None:
+    catalog = Catalog(products=60)
+    with DemoSite(catalog, delay_ms=30) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="2",
+                        SCHEDULER_IDLE_TIMEOUT="3")
+        victim = start_crawl(env)
+        redis = clean.redis()
+
+        def committed_but_leased() -> list[tuple]:
+            """Rows committed whose page's request is still leased: (page path, sku, updated_at, first_seen)."""
+            if not clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]:
+                return []
+            leased = {}
+            for value in redis.hvals("demo:leased"):
+                url = json.loads(value.split(b"|", 1)[1])["url"]
+                found = re.search(r"/p/(\d+)\.html$", url)
+                # A product listed on one page only: its row can only have come from that page.
+                if found and len(catalog.product(int(found.group(1))).paths) == 1:
+                    leased[found.group(1)] = "/" + url.split("/", 3)[3]
+            rows = clean.query("SELECT url, sku, updated_at, first_seen FROM products")
+            return [(leased[m.group(1)], sku, updated, first) for url, sku, updated, first in rows
+                    if (m := re.search(r"/p/(\d+)\.html$", url)) and m.group(1) in leased]
+
+        caught = wait_for(committed_but_leased, timeout=60, step=0.02)
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=10)
+        # Those rows were committed while their requests were still leased: the next run gets
+        # them again once the dead worker's leases run out.
+        second = run_scrapy(env, "crawl", "demo", timeout=180)
+        counts = site.stats()["requests"]
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "back in the queue" in second.stderr
+    assert caught
+    for path, sku, updated_at, first_seen in caught:
+        assert counts[path] == 2, (path, counts[path])
+        # The redelivered page's upsert was a no-op: the row is the one committed before the crash.
+        assert clean.query(f"SELECT updated_at, first_seen FROM products WHERE sku = '{sku}'") == [(updated_at, first_seen)]
+    unchanged = re.search(r"'postgres/unchanged': (\d+)", second.stderr)
+    assert unchanged and int(unchanged.group(1)) >= len(caught)
+    assert_every_outcome_once(clean, catalog)

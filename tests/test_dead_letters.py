@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 
-from conftest import ROOT, crawl_env, run_scrapy
+from conftest import crawl_env, project_with_spider, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
 
 POISON_SPIDER = '''
@@ -31,10 +30,7 @@ def closed_port() -> int:
 
 
 def test_poison_and_unreachable_requests_become_dead_letters(clean, tmp_path) -> None:
-    project = tmp_path / "project"
-    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "scrapy.cfg", project)
-    (project / "scraper" / "spiders" / "poison.py").write_text(POISON_SPIDER)
+    project = project_with_spider(tmp_path, "poison", POISON_SPIDER)
     catalog = Catalog(products=40)
     poisoned = catalog.product(7)
     with DemoSite(catalog) as site:

@@ -51,9 +51,9 @@ def stat(log: str, name: str) -> float:
 class Crawl:
     """A crawl process whose log goes to a file: a pipe nobody reads would stall it."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
+    def __init__(self, env: dict[str, str], *args: str, spider: str = "demo", cwd: Path = ROOT) -> None:
         self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(scrapy_cmd("crawl", "demo", *args), cwd=ROOT, env=env,
+        self.proc = subprocess.Popen(scrapy_cmd("crawl", spider, *args), cwd=cwd, env=env,
                                      stdout=subprocess.DEVNULL, stderr=self.log, text=True)
 
     @property
@@ -68,8 +68,8 @@ class Crawl:
         return "", text
 
 
-def start_crawl(env: dict[str, str], *args: str) -> Crawl:
-    return Crawl(env, *args)
+def start_crawl(env: dict[str, str], *args: str, spider: str = "demo", cwd: Path = ROOT) -> Crawl:
+    return Crawl(env, *args, spider=spider, cwd=cwd)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from conftest import crawl_env, run_scrapy
+from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
 
@@ -67,10 +67,7 @@ def postgres(tmp_path: Path):
 
 
 def assert_every_product_once(pg: StoppablePostgres, catalog: Catalog) -> None:
-    rows = pg.query("SELECT sku, count(*) FROM products GROUP BY sku")
-    assert all(n == 1 for _, n in rows)
-    assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
-    assert pg.query("SELECT count(DISTINCT url) FROM rejects")[0][0] == len(catalog.broken_products())
+    assert_each_product_stored_or_rejected_once(pg.query, catalog)
 
 
 def plateau(site: DemoSite, quiet: float, timeout: float) -> int:
