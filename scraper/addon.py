@@ -13,6 +13,7 @@ from scrapy.settings import BaseSettings
 
 from . import backends
 from .config import get_bool, get_float, get_int
+from .politeness.limits import read_policy
 
 # (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
 CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
@@ -38,6 +39,9 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("DLQ_CALLBACK_RETRIES", "int", 0),
     ("METRICS_PORT_RANGE", "int", 1),
     ("METRICS_LINGER", "float", 0),
+    ("POLITENESS_RATE", "float", 0),
+    ("POLITENESS_CONCURRENCY", "int", 0),
+    ("POLITENESS_MAX_WAIT", "float", 1),
 )
 
 
@@ -53,6 +57,7 @@ def validate(settings: BaseSettings) -> None:
     for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED"):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
+    read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
 
 
 class BackendsAddon:

@@ -12,6 +12,14 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``CONCURRENT_REQUESTS``     Scrapy's global concurrency (32).
 ``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
 ``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
+``POLITENESS_RATE``         Requests per second to one site from the whole fleet together
+                            (0: no limit); held in Redis, shared by every node and spider.
+``POLITENESS_CONCURRENCY``  Requests in flight to one site from the whole fleet (0: no limit).
+``POLITENESS_OVERRIDES``    Per-domain limits, e.g.
+                            ``shop.test=rate:2/concurrency:4,slow.test=rate:0.5``; an entry
+                            for ``example.com`` covers its subdomains, which share its budget.
+``POLITENESS_MAX_WAIT``     Seconds ahead the fleet may book a site's turns (60); further
+                            requests wait for room, and the site is logged once as saturated.
 ``SCHEDULER_IDLE_TIMEOUT``  Seconds the shared queue must stay empty before a spider stops (10).
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
@@ -79,6 +87,11 @@ DOWNLOAD_TIMEOUT = _env("DOWNLOAD_TIMEOUT", "60")
 # Bound what one response may cost in memory (applies after decompression).
 DOWNLOAD_MAXSIZE = _env("DOWNLOAD_MAXSIZE", str(32 * 1024 * 1024))
 DOWNLOAD_WARNSIZE = _env("DOWNLOAD_WARNSIZE", str(8 * 1024 * 1024))
+# Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
+POLITENESS_RATE = _env("POLITENESS_RATE", "0")
+POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")
+POLITENESS_OVERRIDES = _env("POLITENESS_OVERRIDES", "")
+POLITENESS_MAX_WAIT = _env("POLITENESS_MAX_WAIT", "60")
 # Measured: fewer items in flight per response keeps the reactor responsive at no cost.
 CONCURRENT_ITEMS = 16
 LOG_LEVEL = _env("LOG_LEVEL", "INFO")
@@ -148,6 +161,9 @@ SCRAPING_API_OPTIONS = _env("SCRAPING_API_OPTIONS", "{}")  # JSON, e.g. {"render
 # retry (550) and redirect (600).
 DOWNLOADER_MIDDLEWARES = {
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
+    # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a
+    # page fetched through it counts against its own site.
+    "scraper.politeness.middleware.PolitenessMiddleware": 720,
     # Just outside RetryMiddleware (550): sees what it gave up on.
     "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": 540,
     # First of all: no new download starts while the database is behind.

@@ -14,9 +14,10 @@ import socketserver
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 from . import pages
@@ -142,6 +143,11 @@ class DemoSite:
         self._renderer = _Renderer(catalog)
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
+        # When requests arrived (time.monotonic) and how many were served at once: what a
+        # politeness limit is judged by. Bounded so a long benchmark does not grow it forever.
+        self._arrivals: deque[float] = deque(maxlen=1_000_000)
+        self._in_flight = 0
+        self._max_in_flight = 0
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -217,6 +223,28 @@ class DemoSite:
     def record(self, target: str) -> None:
         with self._lock:
             self._stats[target] += 1
+            self._arrivals.append(time.monotonic())
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def arrivals(self) -> list[float]:
+        """Arrival times (``time.monotonic()``) of the requests counted in :meth:`stats`."""
+        with self._lock:
+            return list(self._arrivals)
+
+    def max_in_flight(self) -> int:
+        """The most requests that were being served at the same time."""
+        with self._lock:
+            return self._max_in_flight
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -225,6 +253,8 @@ class DemoSite:
     def reset_stats(self) -> None:
         with self._lock:
             self._stats.clear()
+            self._arrivals.clear()
+            self._max_in_flight = self._in_flight
 
 
 class _Server(ThreadingHTTPServer):
@@ -320,10 +350,11 @@ class _Handler(BaseHTTPRequestHandler):
             allow = (("Allow", "GET, HEAD"),)
             self._send(405, "text/plain; charset=utf-8", b"method not allowed\n", allow)
             return
-        if site.delay:
-            time.sleep(site.delay)
-        page = site.page(split.path, split.query)
-        self._send(page.status, page.content_type, page.body_for(self._origin()), page.headers)
+        with site.serving():
+            if site.delay:
+                time.sleep(site.delay)
+            page = site.page(split.path, split.query)
+            self._send(page.status, page.content_type, page.body_for(self._origin()), page.headers)
 
     def _origin(self) -> str:
         host = self.headers.get("Host", "")

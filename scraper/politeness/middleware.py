@@ -1,0 +1,294 @@
+"""Hold each request until the whole fleet is within its host's limits, then let it go.
+
+A request first takes a concurrency slot of its domain (when the domain has that limit), then a
+turn under the domain's rate (when it has one), and only then continues to the later middlewares
+and the downloader. In that order a turn is used the moment it comes, so waiting for a slot never
+bunches up the rate. A waiting request is just a pending download: it keeps its place in
+``CONCURRENT_REQUESTS`` and its time does not count against ``DOWNLOAD_TIMEOUT``.
+
+The slot is given back exactly once per download: in ``process_response`` or
+``process_exception`` (Scrapy calls them for a response a later middleware returned from
+``process_request`` too, and for an exception it raised); when a request that still carries a
+slot comes back (a later middleware re-issued a copy without either); or, as a last resort, when
+the request object is garbage collected. A retry is a new download and takes a slot of its own.
+While a slot is held its deadline in Redis is renewed, so a slow download (or a scraping-API job
+that takes minutes) keeps it, and the slot of a process that died frees itself within
+``HOLDER_TTL`` seconds.
+
+Requests to one domain queue locally and only the first polls Redis for a slot, backing off from
+50 ms to 500 ms (100 ms when next in line); a slot freed in this process wakes it at once.
+Redis errors never drop a limit: the request waits and asks again, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy import Request, signals
+from scrapy.exceptions import NotConfigured
+from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred, DeferredLock, DeferredList
+from twisted.internet.task import LoopingCall, deferLater
+
+from ..redis_client import get_redis
+from ..scraping_api.middleware import API_CALL
+from ..secrets import redact
+from .limiter import Limiter
+from .limits import DomainLimit, Policy, read_policy
+
+logger = logging.getLogger(__name__)
+
+#: meta key of the concurrency slot a request holds (private: it must not outlive the download).
+TOKEN = "_politeness_token"
+
+HOLDER_TTL = 30.0  # a silent holder's slot frees itself after this; renewed every third of it
+WAITER_TTL = 5.0  # a waiter that stops asking loses its place in the queue after this
+POLL_MIN, POLL_NEXT, POLL_MAX = 0.05, 0.1, 0.5
+ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX = 0.5, 5.0
+WARNING_INTERVAL = 10.0
+
+
+@dataclass
+class _Holding:
+    domain: str
+    finalizer: weakref.finalize
+
+
+class PolitenessMiddleware:
+    def __init__(self, crawler: Any, policy: Policy, limiter: Limiter) -> None:
+        self.crawler = crawler
+        self.policy = policy
+        self.limiter = limiter
+        self.stats = crawler.stats
+        self._held: dict[str, _Holding] = {}
+        self._turns: dict[str, DeferredLock] = {}  # one poller per domain; the rest queue here
+        self._naps: dict[str, Any] = {}  # the poller's sleep, cut short by a slot freed here
+        self._saturated: set[str] = set()
+        self._last_warning = float("-inf")
+        self._wait_total = 0.0
+        self._renewal: LoopingCall | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "PolitenessMiddleware":
+        policy = read_policy(crawler.settings, getattr(crawler, "spider", None))
+        if not policy.limits_anything:
+            raise NotConfigured("no POLITENESS_RATE, POLITENESS_CONCURRENCY or override set")
+        limiter = Limiter(get_redis(crawler.settings["REDIS_URL"]), HOLDER_TTL, WAITER_TTL)
+        mw = cls(crawler, policy, limiter)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        return mw
+
+    # -- signals -----------------------------------------------------------------------------
+
+    def spider_opened(self, spider: Any) -> None:
+        logger.info("Politeness limits, shared by every process on this Redis: %s", self.policy.describe())
+        self._renewal = LoopingCall(lambda: deferred_from_coro(self._renew()))
+        self._renewal.start(HOLDER_TTL / 3, now=False)
+
+    async def spider_closed(self, spider: Any) -> None:
+        if self._renewal is not None and self._renewal.running:
+            self._renewal.stop()
+        releases = [self._release_token(token) for token in list(self._held)]
+        await maybe_deferred_to_future(DeferredList([d for d in releases if d is not None]))
+
+    # -- the hooks ---------------------------------------------------------------------------
+
+    async def process_request(self, request: Request) -> None:
+        self._release(request)  # a copy still holding a slot: a later middleware re-issued it
+        url = urlparse_cached(request)
+        # The scraping API's own calls: their target request already waited here.
+        if request.meta.get(API_CALL) or url.scheme not in ("http", "https"):
+            return None
+        limit = self.policy.for_host(url.hostname or "")
+        if not limit.active:
+            return None
+        started = time.monotonic()
+        waited = False
+        if limit.concurrency:
+            token, waited = await self._take_slot(limit)
+            self._hold(request, token, limit.domain)
+        try:
+            if limit.rate:
+                waited = await self._take_turn(limit) or waited
+        except BaseException:
+            self._release(request)
+            raise
+        if waited:
+            self.stats.inc_value("politeness/waited")
+            self._wait_total += time.monotonic() - started
+            self.stats.set_value("politeness/wait_seconds", round(self._wait_total, 3))
+        return None
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        self._release(request)
+        return response
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        self._release(request)
+        return None
+
+    # -- rate --------------------------------------------------------------------------------
+
+    async def _take_turn(self, limit: DomainLimit) -> bool:
+        """Reserve the domain's next turn and sleep until it comes; True if that meant waiting."""
+        waited, errors = False, 0
+        while True:
+            try:
+                reservation = await self.limiter.reserve(limit.domain, limit.rate, self.policy.max_wait)
+            except Exception as exc:
+                errors += 1
+                await _sleep(self._on_redis_error(exc, errors, limit.domain))
+                continue
+            if reservation.reserved:
+                if reservation.wait > 0:
+                    await _sleep(reservation.wait)
+                return waited or reservation.wait > 0
+            # Turns are booked up to POLITENESS_MAX_WAIT ahead: come back when there is room.
+            waited = True
+            self._note_saturated(limit, reservation.wait)
+            await _sleep(max(reservation.wait - self.policy.max_wait, self.policy.max_wait / 4))
+
+    def _note_saturated(self, limit: DomainLimit, wait: float) -> None:
+        if limit.domain in self._saturated:
+            return
+        self._saturated.add(limit.domain)
+        self.stats.inc_value("politeness/saturated_domains")
+        logger.info(
+            "The fleet asks %s for more than its rate of %g requests/s: its next free turn is %.0f s "
+            "ahead, past POLITENESS_MAX_WAIT (%g s). Requests to it wait for their turn (logged once).",
+            limit.domain, limit.rate, wait, self.policy.max_wait,
+        )
+
+    # -- concurrency -------------------------------------------------------------------------
+
+    async def _take_slot(self, limit: DomainLimit) -> tuple[str, bool]:
+        turn = self._turns.setdefault(limit.domain, DeferredLock())
+        await maybe_deferred_to_future(turn.acquire())
+        try:
+            return await self._poll_slot(limit)
+        finally:
+            turn.release()
+            if not turn.locked:  # nobody else waiting here
+                self._turns.pop(limit.domain, None)
+
+    async def _poll_slot(self, limit: DomainLimit) -> tuple[str, bool]:
+        token = uuid.uuid4().hex
+        delay, errors, waited = POLL_MIN, 0, False
+        try:
+            while True:
+                try:
+                    admission = await self.limiter.acquire(limit.domain, token, limit.concurrency)
+                except Exception as exc:
+                    errors += 1
+                    await _sleep(self._on_redis_error(exc, errors, limit.domain))
+                    continue
+                if admission.admitted:
+                    return token, waited
+                if not waited:
+                    waited = True
+                    self.stats.inc_value("politeness/concurrency_waits")
+                cap = POLL_NEXT if admission.ahead < limit.concurrency else POLL_MAX
+                await self._nap(limit.domain, min(delay, cap))
+                delay = min(delay * 2, POLL_MAX)
+        except BaseException:
+            # Cancelled: give up the place in the queue, and the slot if it was granted unseen.
+            self._forget(self.limiter.leave(limit.domain, token), limit.domain)
+            self._forget(self.limiter.release(limit.domain, token), limit.domain)
+            raise
+
+    async def _nap(self, domain: str, seconds: float) -> None:
+        from twisted.internet import reactor
+
+        woken: Deferred[None] = Deferred()
+        call = reactor.callLater(seconds, woken.callback, None)
+        self._naps[domain] = call
+        try:
+            await maybe_deferred_to_future(woken)
+        finally:
+            if call.active():
+                call.cancel()
+            if self._naps.get(domain) is call:
+                del self._naps[domain]
+
+    def _hold(self, request: Request, token: str, domain: str) -> None:
+        finalizer = weakref.finalize(request, self._release_lost, token)
+        finalizer.atexit = False
+        self._held[token] = _Holding(domain, finalizer)
+        request.meta[TOKEN] = token
+
+    def _release(self, request: Request) -> None:
+        token = request.meta.pop(TOKEN, None)
+        if token is not None:
+            self._release_token(token)
+
+    def _release_token(self, token: str) -> Deferred | None:
+        holding = self._held.pop(token, None)
+        if holding is None:
+            return None  # given back already
+        holding.finalizer.detach()
+        nap = self._naps.get(holding.domain)
+        if nap is not None and nap.active():
+            nap.reset(0)  # this process's next waiter may have the slot now
+        return self._forget(self.limiter.release(holding.domain, token), holding.domain)
+
+    def _release_lost(self, token: str) -> None:
+        """The request was garbage collected holding a slot: no hook gave it back."""
+        from twisted.internet import reactor
+
+        def release() -> None:
+            if token in self._held:
+                self.stats.inc_value("politeness/released_by_gc")
+                self._release_token(token)
+
+        # Garbage collection may run anywhere, even on another thread: act on the reactor's.
+        reactor.callFromThread(release)
+
+    async def _renew(self) -> None:
+        by_domain: dict[str, list[str]] = {}
+        for token, holding in list(self._held.items()):
+            by_domain.setdefault(holding.domain, []).append(token)
+        for domain, tokens in by_domain.items():
+            try:
+                held = await self.limiter.renew(domain, tokens)
+            except Exception as exc:
+                self._on_redis_error(exc, 1, domain)
+                continue
+            still_mine = sum(1 for t in tokens if t in self._held)
+            if held < still_mine:
+                # Only if renewals stalled for HOLDER_TTL: the fleet may exceed the limit briefly.
+                self.stats.inc_value("politeness/slots_expired", still_mine - held)
+                logger.warning("%d concurrency slot(s) of %s expired before they were renewed",
+                               still_mine - held, domain)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _on_redis_error(self, exc: Exception, errors: int, domain: str) -> float:
+        self.stats.inc_value("politeness/redis_errors")
+        now = time.monotonic()
+        if now - self._last_warning >= WARNING_INTERVAL:
+            self._last_warning = now
+            logger.warning("Politeness limiter: Redis failed (%s: %s); requests to %s wait and ask again",
+                           type(exc).__name__, redact(str(exc))[:300], domain)
+        return min(ERROR_BACKOFF_MIN * 2 ** (errors - 1), ERROR_BACKOFF_MAX)
+
+    def _forget(self, coro: Any, domain: str) -> Deferred:
+        """Run *coro* without waiting for it. On failure a slot stays taken until its deadline."""
+        def failed(failure: Any) -> None:
+            self._on_redis_error(failure.value, 1, domain)
+
+        return deferred_from_coro(coro).addErrback(failed)
+
+
+async def _sleep(seconds: float) -> None:
+    from twisted.internet import reactor
+
+    if seconds > 0:
+        await maybe_deferred_to_future(deferLater(reactor, seconds, lambda: None))
