@@ -14,6 +14,7 @@ from scrapy.settings import BaseSettings
 from . import backends
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
+from .queue.dupefilter import seen_config
 
 # (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
 CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
@@ -57,6 +58,7 @@ def validate(settings: BaseSettings) -> None:
     for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED"):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
+    seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
 
 

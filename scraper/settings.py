@@ -24,6 +24,12 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
                             worker gets it again (60); 0 turns at-least-once delivery off.
+``DUPEFILTER_BACKEND``      Where the seen requests are kept: ``set`` (exact, ~90 bytes per URL)
+                            or ``bloom`` (a Bloom filter, ~1.8 bytes per URL at 0.1%).
+``DUPEFILTER_BLOOM_CAPACITY``  URLs the Bloom filter is sized for (10000000: 18 MB at 0.1%).
+``DUPEFILTER_BLOOM_ERROR_RATE``  Its false-positive rate at capacity (0.001): new pages skipped.
+``DUPEFILTER_EXPIRY``       Seconds after which a seen request is forgotten, so its page is
+                            crawled again (0: never); forgotten between half of it and all of it.
 ``POSTGRES_BATCH_SIZE``     Rows per upsert batch (1000).
 ``POSTGRES_FLUSH_INTERVAL`` Seconds before a partial batch is written anyway (1.0).
 ``POSTGRES_LAST_SEEN_RESOLUTION``  Refresh ``last_seen`` of unchanged rows at most this often,
@@ -115,6 +121,14 @@ SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
 # A request redelivered this many times (its workers keep dying) becomes a dead letter.
 SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
+# set | bloom. A Bloom filter takes its full size (here 18 MB) when the crawl opens it, whatever
+# it holds, and past its capacity skips more new pages than its error rate says.
+DUPEFILTER_BACKEND = _env("DUPEFILTER_BACKEND", "set")
+DUPEFILTER_BLOOM_CAPACITY = _env("DUPEFILTER_BLOOM_CAPACITY", "10000000")
+DUPEFILTER_BLOOM_ERROR_RATE = _env("DUPEFILTER_BLOOM_ERROR_RATE", "0.001")
+# Seconds; with an expiry the seen-state outlives a finished crawl, so a recrawl fetches only
+# what was not seen within it. 0: remembered until the crawl finishes.
+DUPEFILTER_EXPIRY = _env("DUPEFILTER_EXPIRY", "0")
 
 # --- item pipelines, in order -----------------------------------------------------------------
 ITEM_PIPELINES = {

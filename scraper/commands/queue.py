@@ -1,8 +1,9 @@
 """``scrapy queue [spider...]``: the shared queues at a glance.
 
 For each spider with state in Redis: queue depth, age of the oldest queued request, live nodes
-and their in-flight requests, seen-set size, and pages/items per minute across the fleet
-(sampled over ``--interval`` seconds from what each node reports with its heartbeat).
+and their in-flight requests, seen-set size (estimated for a Bloom filter), and pages/items per
+minute across the fleet (sampled over ``--interval`` seconds from what each node reports with
+its heartbeat).
 ``--watch`` repeats until interrupted.
 """
 
@@ -18,7 +19,9 @@ from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
 from . import SpiderName, backends_or_report
+from ..config import ConfigError
 from ..queue import keys
+from ..queue.dupefilter import seen_config, seen_size
 from ..queue.queues import PriorityQueue
 from ..redis_client import get_redis
 
@@ -26,7 +29,7 @@ NODE_TTL = 60.0
 
 
 
-def snapshot(server: Any, name: str, now: float | None = None) -> dict[str, Any]:
+def snapshot(server: Any, name: str, now: float | None = None, settings: Any = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     queue = PriorityQueue(server, SpiderName(name), keys.queue_key(name))
     beats = {k.decode(): float(v) for k, v in server.hgetall(keys.nodes_key(name)).items()}
@@ -38,7 +41,7 @@ def snapshot(server: Any, name: str, now: float | None = None) -> dict[str, Any]
         "oldest_age": queue.oldest_age(now),
         "nodes": len(live),
         "inflight": sum(int(i.get("inflight", 0)) for i in infos),
-        "seen": server.scard(keys.dupefilter_key(name)),
+        "seen": round(seen_size(server, name, settings if settings is not None else {})),
         "pages": sum(int(i.get("pages", 0)) for i in infos),
         "items": sum(int(i.get("items", 0)) for i in infos),
         "dead": server.llen(keys.dead_key(name)),
@@ -69,16 +72,22 @@ class Command(ScrapyCommand):
         parser.add_argument("--json", action="store_true", help="one JSON object per spider")
 
     def run(self, args: list[str], opts: Namespace) -> None:
-        found = backends_or_report(self)
+        found = backends_or_report(self, need_postgres=False)
         if found is None:
+            return
+        try:
+            seen_config(self.settings)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
             return
         server = get_redis(found.redis_url)
         names = args or sorted(get_spider_loader(self.settings).list())
         try:
             while True:
-                before = {n: snapshot(server, n) for n in names}
+                before = {n: snapshot(server, n, settings=self.settings) for n in names}
                 time.sleep(max(0.1, opts.interval))
-                after = {n: snapshot(server, n) for n in names}
+                after = {n: snapshot(server, n, settings=self.settings) for n in names}
                 self._print(before, after, opts)
                 if not opts.watch:
                     return

@@ -64,7 +64,7 @@ class Command(ScrapyCommand):
             raise UsageError("give a spider name and at least one URL or file")
         name, sources = args[0], args[1:]
         spidercls = get_spider_loader(self.settings).load(name)
-        found = backends_or_report(self)
+        found = backends_or_report(self, need_postgres=False)
         if found is None:
             return
         spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl

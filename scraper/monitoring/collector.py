@@ -79,7 +79,8 @@ class CrawlCollector(Collector):
         yield _gauge("scraper_queue_depth", "Requests waiting in the shared queue.", s, queue.get("depth", 0))
         yield _gauge("scraper_queue_oldest_age_seconds", "Age of the oldest queued request.", s,
                      queue.get("oldest_age", 0))
-        yield _gauge("scraper_dupefilter_size", "Fingerprints in the shared seen-set.", s, queue.get("seen", 0))
+        yield _gauge("scraper_dupefilter_size", "Fingerprints in the shared seen-set (estimated for a Bloom filter).",
+                     s, queue.get("seen", 0))
         yield _counter("scraper_queue_enqueued", "Requests this process added to the shared queue.", ["spider"],
                        {(s,): get("scheduler/enqueued/redis")})
         yield _counter("scraper_queue_dequeued", "Requests this process took from the shared queue.", ["spider"],
@@ -117,7 +118,8 @@ class CrawlCollector(Collector):
 def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
     """Read the shared queue's depth, age and seen-set size; cached for a second so that
     several Prometheus servers scraping at once cost Redis one read."""
-    from ..queue.keys import dupefilter_key, queue_key
+    from ..queue.dupefilter import seen_size
+    from ..queue.keys import queue_key
     from ..queue.queues import PriorityQueue
 
     cache: dict[str, Any] = {"at": 0.0, "value": {}}
@@ -133,7 +135,7 @@ def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
             value = {
                 "depth": float(len(queue)),
                 "oldest_age": queue.oldest_age(),
-                "seen": float(server.scard(dupefilter_key(spider.name))),
+                "seen": seen_size(server, spider.name, crawler.settings),
             }
         except Exception as exc:  # a metrics scrape must never take the crawl down
             logger.warning("Could not read the shared queue for metrics: %s", exc)

@@ -1,21 +1,151 @@
-"""The cluster-wide "seen requests" set, with a local pre-check.
+"""The cluster-wide "seen requests" state, with a local pre-check.
 
 scrapy-redis' dupefilter sends one blocking ``SADD`` per extracted link from the reactor thread
 and computes its own SHA1, ignoring ``REQUEST_FINGERPRINTER_CLASS``. Most links a page yields
 (navigation, breadcrumbs, pagination) were already seen by this very process, so a bounded
 in-process set answers those without a round trip; Redis stays the authority for everything
 the process has not seen itself.
+
+Where Redis keeps the fingerprints is a backend (``DUPEFILTER_BACKEND``):
+
+* ``set`` (default): a Redis set, exact, about 90 bytes per URL (``<spider>:dupefilter``);
+* ``bloom``: a Bloom filter, about 1.8 bytes per URL at 0.1% false positives, fixed size
+  (``<spider>:bloom``, see :mod:`.bloom`).
+
+Both can forget fingerprints after ``DUPEFILTER_EXPIRY`` seconds (see :mod:`.generations`), so
+a site is recrawled once its pages are older than that. Both claim a fingerprint and queue its
+request in one atomic script (:meth:`SharedDupeFilter.push_if_new`), pipelined by the queue.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
 
+from ..config import ConfigError, get_choice, get_float
+from . import keys
+from .bloom import BloomFilter, BloomSeen
+from .generations import Generations
+
 logger = logging.getLogger(__name__)
+
+BACKENDS = ("set", "bloom")
+
+
+@dataclass(frozen=True)
+class SeenConfig:
+    backend: str
+    expiry: float
+    bloom: BloomFilter
+
+
+def seen_config(settings: Any) -> SeenConfig:
+    """Read and check the ``DUPEFILTER_*`` settings; raise ConfigError naming a bad one."""
+    backend = get_choice(settings, "DUPEFILTER_BACKEND", "set", BACKENDS)
+    expiry = get_float(settings, "DUPEFILTER_EXPIRY", 0.0, minimum=0)
+    if 0 < expiry < 1:
+        raise ConfigError(f"DUPEFILTER_EXPIRY: must be 0 (never) or at least 1 second, got {expiry!r}")
+    return SeenConfig(backend, expiry, BloomFilter.from_settings(settings))
+
+
+# Claim a fingerprint and, if it is new, queue its request: one round trip, atomically.
+# KEYS: current set, previous set (the same key without expiry), [queue].
+# ARGV: fingerprint, expire-at in unix ms (0: never), [score, request].
+_CLAIM = """
+if KEYS[2] ~= KEYS[1] and redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return 0 end
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if ARGV[2] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
+if KEYS[3] then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
+return 1
+"""
+
+
+class SeenSet:
+    """The seen-state of one spider in a Redis set (one per generation with an expiry).
+
+    The interface both backends share:
+
+    * ``generation()``: changes when fingerprints may have been forgotten (0 without expiry);
+    * ``push_if_new(pipe, fingerprint, queue_key, score, data)``: add exactly one command to
+      *pipe* that claims the fingerprint and, if it was new, queues the request (result 1, else 0);
+    * ``add(fingerprint)``: claim it now; True if it was new; ``add_many`` pipelines that;
+    * ``keys()``: the keys holding what is remembered now; ``run_keys()``: those to drop when
+      a crawl finishes (none with an expiry: remembering across runs is the point);
+    * ``size()``: how many fingerprints are remembered (read-only); ``clear()``: forget all.
+    """
+
+    def __init__(self, server: Any, key: str, expiry: float = 0.0) -> None:
+        self.server = server
+        self.base = key
+        self.generations = Generations(server, expiry)
+        self._claim = server.register_script(_CLAIM)
+
+    @property
+    def expiry(self) -> float:
+        return self.generations.expiry
+
+    def generation(self) -> int:
+        return self.generations.current()
+
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: str) -> None:
+        current, previous, expire_at = self.generations.keys(self.base)
+        self._claim(keys=[current, previous, queue_key], args=[fingerprint, expire_at, score, data], client=pipe)
+
+    def add(self, fingerprint: str) -> bool:
+        current, previous, expire_at = self.generations.keys(self.base)
+        return self._claim(keys=[current, previous], args=[fingerprint, expire_at]) == 1
+
+    def add_many(self, fingerprints: Iterable[str], chunk: int = 1000) -> int:
+        """Claim many fingerprints, pipelined *chunk* at a time; returns how many were new."""
+        new = 0
+        remaining = iter(fingerprints)
+        while batch := list(itertools.islice(remaining, chunk)):
+            current, previous, expire_at = self.generations.keys(self.base)
+            pipe = self.server.pipeline(transaction=False)
+            for fingerprint in batch:
+                self._claim(keys=[current, previous], args=[fingerprint, expire_at], client=pipe)
+            new += sum(pipe.execute())
+        return new
+
+    def keys(self) -> list[str]:
+        return self.generations.live_keys(self.base)
+
+    def run_keys(self) -> list[str]:
+        return [] if self.expiry else self.keys()
+
+    def clear(self) -> None:
+        self.server.delete(*self.keys())
+
+    def size(self) -> float:
+        # A generation never holds what the previous one does, so the counts add up.
+        names = self.keys()
+        pipe = self.server.pipeline(transaction=False)
+        for name in names:
+            pipe.type(name)
+        kinds = pipe.execute()
+        sets = [name for name, kind in zip(names, kinds) if kind in (b"set", "set")]
+        for name in sets:
+            pipe.scard(name)
+        return float(sum(pipe.execute())) if sets else 0.0
+
+
+def make_store(server: Any, spider_name: str, settings: Any) -> SeenSet | BloomSeen:
+    """The seen-state of *spider_name* as *settings* configure it (nothing is written)."""
+    config = seen_config(settings)
+    if config.backend == "bloom":
+        return BloomSeen(server, keys.bloom_key(spider_name), config.bloom, config.expiry)
+    key = (settings.get("SCHEDULER_DUPEFILTER_KEY") or "%(spider)s:dupefilter") % {"spider": spider_name}
+    return SeenSet(server, key, config.expiry)
+
+
+def seen_size(server: Any, spider_name: str, settings: Any) -> float:
+    """Fingerprints remembered for *spider_name*: exact for a set, estimated for a Bloom filter."""
+    return make_store(server, spider_name, settings).size()
 
 
 class SharedDupeFilter(RFPDupeFilter):
@@ -27,11 +157,14 @@ class SharedDupeFilter(RFPDupeFilter):
         debug: bool = False,
         local_cache_size: int = 200_000,
         stats: Any = None,
+        store: SeenSet | BloomSeen | None = None,
     ) -> None:
-        super().__init__(server, key, debug=debug)
+        self.store = store if store is not None else SeenSet(server, key)
+        super().__init__(server, self.store.base, debug=debug)
         self.fingerprinter = fingerprinter
         self.local_cache_size = local_cache_size
         self._local: set[bytes] = set()
+        self._generation = self.store.generation()
         self.stats = stats
 
     def request_fingerprint(self, request: Request) -> str:
@@ -41,7 +174,12 @@ class SharedDupeFilter(RFPDupeFilter):
         """Answer from this process' memory alone: (seen before here, hex fingerprint).
 
         A request not seen here is remembered as seen: the caller is about to claim it in
-        Redis (see :meth:`request_seen`, or the scheduler's pipelined push)."""
+        Redis (see :meth:`request_seen`, or :meth:`push_if_new` from the queue's flush)."""
+        generation = self.store.generation()
+        if generation != self._generation:
+            # Redis forgets a generation at a time; the local copy must not remember longer.
+            self._local.clear()
+            self._generation = generation
         fp = self.fingerprinter.fingerprint(request)
         if fp in self._local:
             if self.stats is not None:
@@ -55,8 +193,24 @@ class SharedDupeFilter(RFPDupeFilter):
 
     def request_seen(self, request: Request) -> bool:
         seen, fp = self.seen_locally(request)
-        return seen or self.server.sadd(self.key, fp) == 0
+        return seen or not self.store.add(fp)
+
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: str) -> None:
+        """Add to *pipe* one command that claims *fingerprint* and, if no process had claimed
+        it, queues *data* in *queue_key* with *score*; its result is 1 if queued, else 0."""
+        self.store.push_if_new(pipe, fingerprint, queue_key, score, data)
+
+    def run_keys(self) -> list[str]:
+        """Keys of the seen-state to drop when the crawl has finished on every node."""
+        return self.store.run_keys()
+
+    def size(self) -> float:
+        return self.store.size()
+
+    def clear(self) -> None:
+        self.store.clear()
+        self._local.clear()
 
     def close(self, reason: str = "") -> None:
-        # Never delete the shared set here: other nodes are still using it.
+        # Never delete the shared state here: other nodes are still using it.
         self._local.clear()

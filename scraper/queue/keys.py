@@ -9,6 +9,12 @@ def dupefilter_key(spider_name: str) -> str:
     return f"{spider_name}:dupefilter"
 
 
+def bloom_key(spider_name: str) -> str:
+    """The Bloom filter (``DUPEFILTER_BACKEND=bloom``); ``:<generation>`` is appended with an
+    expiry, and its shape is kept in ``<key>:params``."""
+    return f"{spider_name}:bloom"
+
+
 def items_seen_key(spider_name: str) -> str:
     return f"{spider_name}:items:seen"
 
@@ -21,6 +27,10 @@ def dead_key(spider_name: str) -> str:
     return f"{spider_name}:dead"
 
 
-def crawl_scoped_keys(spider_name: str) -> list[str]:
-    """Keys that describe one run of a crawl and are dropped when that run completes."""
-    return [dupefilter_key(spider_name), items_seen_key(spider_name)]
+def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
+    """Keys that describe one run of a crawl and are dropped when that run completes.
+
+    *seen_keys* are those of the request seen-state the crawl used (default: the set of the
+    default backend); with an expiry there are none, as the seen-state outlives the run."""
+    seen = [dupefilter_key(spider_name)] if seen_keys is None else seen_keys
+    return [*seen, items_seen_key(spider_name)]

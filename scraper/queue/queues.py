@@ -48,24 +48,13 @@ def enqueued_at(score: float) -> float:
     return (score % _PRIORITY_STEP) + _EPOCH
 
 
-# Mark the fingerprint seen and queue the request in one round trip, atomically.
-_PUSH_IF_NEW = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-  return 1
-end
-return 0
-"""
-
-
 class PriorityQueue(_RedisPriorityQueue):
     def __init__(self, server: Any, spider: Any, key: str, serializer: Any = None, prefetch: int = 1) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         self._callback_names: dict[Any, str] = {}
-        self._push_if_new = server.register_script(_PUSH_IF_NEW)
         self.prefetch = max(1, prefetch)
-        # Requests encoded but not yet sent: (seen-set key or None, fingerprint, score, data).
-        self._staged: list[tuple[str | None, str, float, str]] = []
+        # Requests encoded but not yet sent: (dupefilter or None, fingerprint, score, data).
+        self._staged: list[tuple[Any, str, float, str]] = []
         # Requests taken from Redis but not yet handed to the engine: (lease id, score, data).
         self._prefetched: list[tuple[str | None, float, bytes]] = []
         # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
@@ -74,12 +63,14 @@ class PriorityQueue(_RedisPriorityQueue):
     def push(self, request: Request) -> None:
         self.server.execute_command("ZADD", self.key, score_for(request.priority), self._encode_request(request))
 
-    def stage(self, request: Request, seen_key: str | None = None, fingerprint: str = "") -> None:
+    def stage(self, request: Request, dupefilter: Any = None, fingerprint: str = "") -> None:
         """Encode *request* now (errors surface to the caller), send it with the next flush.
 
+        With a *dupefilter* (see :meth:`~.dupefilter.SharedDupeFilter.push_if_new`) the request
+        is queued only if no process has claimed *fingerprint* yet; without, it is queued.
         A page yields its links in one burst; sending them in one pipelined round trip
         instead of one each is most of the difference to a local scheduler."""
-        self._staged.append((seen_key, fingerprint, score_for(request.priority), self._encode_request(request)))
+        self._staged.append((dupefilter, fingerprint, score_for(request.priority), self._encode_request(request)))
 
     def flush_staged(self) -> tuple[int, int]:
         """Send staged requests; returns (queued, already seen by another process)."""
@@ -87,11 +78,12 @@ class PriorityQueue(_RedisPriorityQueue):
             return 0, 0
         staged, self._staged = self._staged, []
         pipe = self.server.pipeline(transaction=False)
-        for seen_key, fingerprint, score, data in staged:
-            if seen_key is None:
+        for dupefilter, fingerprint, score, data in staged:
+            # Exactly one command per request, so that results line up with requests.
+            if dupefilter is None:
                 pipe.execute_command("ZADD", self.key, score, data)
             else:
-                self._push_if_new(keys=[seen_key, self.key], args=[fingerprint, score, data], client=pipe)
+                dupefilter.push_if_new(pipe, fingerprint, self.key, score, data)
         results = pipe.execute()
         queued = sum(1 for r in results if r)
         return queued, len(results) - queued

@@ -7,11 +7,14 @@ What differs from scrapy-redis' own:
   stopped crawl resumes where it left off and a finished one can be run again;
 * requests are JSON (see :mod:`scraper.queue.serializer`), never pickle;
 * a request that cannot be queued is one clear error naming spider and callback, not a crash;
-* the dupefilter uses Scrapy's ``REQUEST_FINGERPRINTER_CLASS`` and a local pre-check;
+* the dupefilter uses Scrapy's ``REQUEST_FINGERPRINTER_CLASS`` and a local pre-check, keeps
+  its fingerprints in a set or a Bloom filter, and may forget them after an expiry (see
+  :mod:`scraper.queue.dupefilter`);
 * one Redis connection pool per process, shared with the other components.
 
 Settings: ``SCHEDULER_QUEUE_CLASS``, ``SCHEDULER_SERIALIZER``, ``SCHEDULER_FLUSH_ON_START``,
-``SCHEDULER_DUPEFILTER_LOCAL_CACHE``, ``SCHEDULER_IDLE_TIMEOUT`` (see :mod:`scraper.extensions.idle_close`).
+``SCHEDULER_DUPEFILTER_LOCAL_CACHE``, ``SCHEDULER_IDLE_TIMEOUT`` (see :mod:`scraper.extensions.idle_close`),
+``DUPEFILTER_BACKEND``, ``DUPEFILTER_EXPIRY``, ``DUPEFILTER_BLOOM_CAPACITY``, ``DUPEFILTER_BLOOM_ERROR_RATE``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from scrapy_redis.scheduler import Scheduler
 from ..config import get_bool, get_float, get_int
 from ..redis_client import get_redis
 from . import keys
-from .dupefilter import SharedDupeFilter
+from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
 from .leases import Leases
 from .queues import LEASE_META, RequestSerializationError
@@ -55,6 +58,7 @@ class SharedScheduler(Scheduler):
         instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
         instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
         instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
+        seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on
         return instance
 
     def open(self, spider: Spider) -> None:
@@ -65,6 +69,7 @@ class SharedScheduler(Scheduler):
             debug=self.debug,
             local_cache_size=self.local_cache_size,
             stats=self.stats,
+            store=make_store(self.server, spider.name, self.crawler.settings),
         )
         self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), info=self._node_info)
         self._unserializable_logged: set[str] = set()
@@ -163,12 +168,18 @@ class SharedScheduler(Scheduler):
             # The engine has drained: everything this node still holds is done.
             self.leases.ack(set(self.leases.mine))
         finished = reason == "finished"
-        outcome = self.nodes.leave(self.queue.key, finished, keys.crawl_scoped_keys(self.spider.name),
+        run_keys = keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
+        outcome = self.nodes.leave(self.queue.key, finished, run_keys,
                                    leases_key=self.leases.deadlines_key if self.leases else None)
-        if outcome == -1:
+        if outcome == -1 and self.df.run_keys():
             logger.info(
                 "Crawl of %r complete on every node: its seen-set was cleared so the next run starts fresh",
                 self.spider.name,
+            )
+        elif outcome == -1:
+            logger.info(
+                "Crawl of %r complete on every node: its seen-set is kept, each fingerprint for at most "
+                "DUPEFILTER_EXPIRY=%gs after it was claimed", self.spider.name, self.df.store.expiry,
             )
         elif not finished or len(self.queue):
             logger.info(
@@ -192,7 +203,7 @@ class SharedScheduler(Scheduler):
                 if seen:
                     self.df.log(request, self.spider)
                     return False
-                self.queue.stage(request, self.df.key, fp)
+                self.queue.stage(request, self.df, fp)
         except RequestSerializationError as exc:
             self.stats.inc_value("scheduler/unserializable")
             message = str(exc)

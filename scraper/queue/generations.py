@@ -1,0 +1,81 @@
+"""Generations of the seen-state, so that fingerprints expire (``DUPEFILTER_EXPIRY``).
+
+With an expiry of E seconds, time is cut into generations of E/2 seconds, numbered
+``g = floor(t / (E/2))``. A fingerprint is written to the key of the current generation
+(``<base>:<g>``) and looked up in the current and the previous one, and each generation key
+expires when nobody reads it any more, at the start of generation g+2. A fingerprint last
+written at time t is therefore remembered for more than E/2 and at most E seconds, then
+forgotten: the page can be crawled again. With E = 0 there is one key, ``<base>``, forever.
+
+The time is Redis' (``TIME``), not each node's own clock: nodes whose clocks disagree would
+otherwise write to different generations around a boundary and not see each other's
+fingerprints, and the expiry deadlines are Redis' clock anyway. The offset between Redis' clock
+and the local one is measured at start and once a minute, so reading the time costs no round
+trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import redis
+
+logger = logging.getLogger(__name__)
+
+
+class Generations:
+    def __init__(self, server: Any, expiry: float, resync_every: float = 60.0) -> None:
+        self.server = server
+        self.expiry = float(expiry)
+        self.half = self.expiry / 2
+        self.resync_every = resync_every
+        self._offset = 0.0
+        self._synced_at = -math.inf
+
+    def now(self) -> float:
+        """Redis' unix time, from the local clock and the last measured offset."""
+        if time.monotonic() - self._synced_at >= self.resync_every:
+            self._sync()
+        return time.time() + self._offset
+
+    def _sync(self) -> None:
+        first = self._synced_at == -math.inf
+        try:
+            before = time.time()
+            seconds, micros = self.server.time()
+            after = time.time()
+        except redis.RedisError as exc:
+            if first:
+                raise
+            # Keep the last offset: clocks do not jump in a minute, and the next write to
+            # Redis reports the outage where it matters.
+            logger.warning("Could not read Redis' clock, keeping the last offset: %s", exc)
+            self._synced_at = time.monotonic()
+            return
+        self._offset = seconds + micros / 1e6 - (before + after) / 2
+        self._synced_at = time.monotonic()
+
+    def current(self) -> int:
+        """The current generation (always 0 without expiry)."""
+        return int(self.now() // self.half) if self.expiry else 0
+
+    def keys(self, base: str) -> tuple[str, str, int]:
+        """(key to write and look up, other key to look up, expire-at in unix ms or 0: never).
+
+        Without expiry both keys are *base*."""
+        if not self.expiry:
+            return base, base, 0
+        generation = self.current()
+        return f"{base}:{generation}", f"{base}:{generation - 1}", self.expire_at_ms(generation)
+
+    def expire_at_ms(self, generation: int) -> int:
+        # Generation g is read until generation g+2 starts; not a moment longer.
+        return math.ceil((generation + 2) * self.half * 1000)
+
+    def live_keys(self, base: str) -> list[str]:
+        """The keys that hold what is remembered now."""
+        current, previous, _ = self.keys(base)
+        return [current] if current == previous else [current, previous]

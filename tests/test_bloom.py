@@ -1,0 +1,299 @@
+"""The seen-state backends: a Bloom filter in Redis next to the set, fingerprint expiry, sizing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import time
+
+import pytest
+import redis
+import scrapy
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+
+from conftest import crawl, crawl_env, run_scrapy
+from scraper.config import ConfigError
+from scraper.demo_site import Catalog, DemoSite
+from scraper.queue.bloom import MAX_BITS, BloomFilter, BloomSeen
+from scraper.queue.dupefilter import SharedDupeFilter, make_store, seen_config, seen_size
+from scraper.queue.generations import Generations
+from scraper.queue.leases import Leases
+from scraper.queue.queues import PriorityQueue
+from scraper.queue.scheduler import SharedScheduler
+from test_config_errors import check_one_line_error
+
+SPIDER = "bloom_test"
+
+
+class BloomSpider(scrapy.Spider):
+    name = SPIDER
+
+
+class QueryBlindFingerprinter:
+    """Takes ``/p?a=1`` and ``/p?a=2`` for the same page."""
+
+    def fingerprint(self, request: scrapy.Request) -> bytes:
+        return request.url.partition("?")[0].encode()
+
+
+def settings_for(backend: str, **extra: str) -> Settings:
+    return Settings({"DUPEFILTER_BACKEND": backend, "DUPEFILTER_BLOOM_CAPACITY": "100000",
+                     "DUPEFILTER_BLOOM_ERROR_RATE": "0.001", **extra})
+
+
+class Node:
+    """What one crawl process holds: its own connection, dupefilter and queue."""
+
+    def __init__(self, server: redis.Redis, settings: Settings) -> None:
+        self.server = server
+        self.queue = PriorityQueue(self.server, BloomSpider(), f"{SPIDER}:requests")
+        crawler = get_crawler(BloomSpider, {"REQUEST_FINGERPRINTER_CLASS": "scrapy.utils.request.RequestFingerprinter"})
+        self.df = SharedDupeFilter(self.server, f"{SPIDER}:dupefilter", crawler.request_fingerprinter,
+                                   store=make_store(self.server, SPIDER, settings))
+
+    def offer(self, *urls: str) -> tuple[int, int]:
+        """Enqueue as the scheduler does: local pre-check, staged, one pipelined flush."""
+        for url in urls:
+            request = scrapy.Request(url)
+            seen, fp = self.df.seen_locally(request)
+            if not seen:
+                self.queue.stage(request, self.df, fp)
+        return self.queue.flush_staged()
+
+
+@pytest.fixture
+def connect(clean):
+    """New connections to the test database, as separate nodes would hold; closed afterwards
+    (an embedded Redis only stops once no client is left)."""
+    clients: list[redis.Redis] = []
+
+    def new() -> redis.Redis:
+        clients.append(redis.Redis.from_url(clean.redis_url))
+        return clients[-1]
+
+    yield new
+    for client in clients:
+        client.close()
+
+
+def fingerprints(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.randbytes(20).hex() for _ in range(count)]
+
+
+# --- sizing -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity, rate", [(10_000_000, 0.001), (200_000, 0.01), (1000, 0.5), (1, 0.001)])
+def test_sizing_follows_the_textbook_formulas(capacity: int, rate: float) -> None:
+    bloom = BloomFilter.for_capacity(capacity, rate)
+    assert bloom.bits == math.ceil(-capacity * math.log(rate) / math.log(2) ** 2)
+    assert bloom.hashes == max(1, round(bloom.bits / capacity * math.log(2)))
+    if capacity > 100:
+        assert bloom.false_positive_rate() == pytest.approx(rate, rel=0.05)
+
+
+def test_default_filter_is_18_mb_at_1_8_bytes_per_url() -> None:
+    bloom = seen_config(Settings({})).bloom
+    assert (bloom.capacity, bloom.error_rate, bloom.hashes) == (10_000_000, 0.001, 10)
+    assert bloom.bytes == pytest.approx(18e6, rel=0.01) and bloom.bytes_per_url == pytest.approx(1.797, abs=0.001)
+
+
+def test_a_filter_beyond_one_redis_string_is_refused_by_name() -> None:
+    refused = r"^DUPEFILTER_BLOOM_CAPACITY: 400000000 URLs .*at most (298\d{6}) URLs"
+    with pytest.raises(ConfigError, match=refused) as info:
+        seen_config(Settings({"DUPEFILTER_BACKEND": "bloom", "DUPEFILTER_BLOOM_CAPACITY": "400000000"}))
+    most = re.search(r"at most (\d+)", str(info.value)).group(1)
+    assert seen_config(Settings({"DUPEFILTER_BLOOM_CAPACITY": most})).bloom.bits <= MAX_BITS
+
+
+def test_positions_are_spread_and_distinct() -> None:
+    bloom = BloomFilter.for_capacity(1000, 0.001)
+    for fp in fingerprints(200, 1):
+        positions = bloom.positions(fp)
+        assert len(positions) == bloom.hashes and all(0 <= p < bloom.bits for p in positions)
+        assert len(set(positions)) >= bloom.hashes - 1
+
+
+def test_a_fingerprint_is_forgotten_between_half_the_expiry_and_the_expiry() -> None:
+    generations = Generations(None, expiry=600)
+    for t in (0.0, 299.999, 300.0, 1_700_000_123.4, 1_700_000_399.9):
+        generation = int(t // generations.half)
+        forgotten_at = generations.expire_at_ms(generation) / 1000
+        assert 300 < forgotten_at - t <= 600
+
+
+# --- claims: atomic, shared by nodes ------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["set", "bloom"])
+def test_two_nodes_queue_a_link_once(connect, backend: str) -> None:
+    a, b = Node(connect(), settings_for(backend)), Node(connect(), settings_for(backend))
+    assert a.offer("http://shop.test/1", "http://shop.test/2", "http://shop.test/1") == (2, 0)
+    assert b.offer("http://shop.test/2", "http://shop.test/3") == (1, 1)
+    assert a.queue.server.zcard(a.queue.key) == 3
+    # request_seen, Scrapy's own entry point, answers from the same state.
+    c = Node(connect(), settings_for(backend))
+    assert c.df.request_seen(scrapy.Request("http://shop.test/3"))
+    assert not c.df.request_seen(scrapy.Request("http://shop.test/4"))
+    assert b.offer("http://shop.test/4") == (0, 1)
+
+
+@pytest.mark.parametrize("backend", ["set", "bloom"])
+def test_racing_nodes_claim_each_fingerprint_exactly_once(connect, backend: str) -> None:
+    import threading
+
+    shared = fingerprints(3000, 2)
+    stores = [make_store(connect(), SPIDER, settings_for(backend)) for _ in range(3)]
+    new = [0] * len(stores)
+
+    def claim(i: int) -> None:
+        mine = shared[:]
+        random.Random(i).shuffle(mine)
+        new[i] = stores[i].add_many(mine, chunk=100)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # At 3,000 of 100,000 URLs the filter's false-positive rate is ~1e-13: none expected.
+    assert sum(new) == len(shared)
+    assert stores[0].size() == pytest.approx(len(shared), rel=0.02)
+
+
+# --- the Bloom filter's error rate, measured --------------------------------------------------
+def test_measured_false_positive_rate_is_near_the_configured_rate(connect) -> None:
+    server = connect()
+    bloom = BloomFilter.for_capacity(50_000, 0.01)
+    store = BloomSeen(server, f"{SPIDER}:bloom", bloom)
+    inserted = fingerprints(50_000, 3)
+    new = store.add_many(inserted, chunk=5000)
+    # Filling up, a few late fingerprints already collide: far fewer than 1% of them.
+    assert len(inserted) - new < 0.01 * len(inserted)
+    # Check the stored bits here rather than with 1.4 million GETBITs (bit 0 is the first byte's MSB).
+    bits = server.get(f"{SPIDER}:bloom").ljust(bloom.bytes, b"\0")
+
+    def held(fp: str) -> bool:
+        return all(bits[p >> 3] >> (7 - (p & 7)) & 1 for p in bloom.positions(fp))
+
+    assert all(held(fp) for fp in inserted[::50])  # no false negatives
+    fresh = fingerprints(200_000, 4)
+    rate = sum(held(fp) for fp in fresh) / len(fresh)
+    assert 0.005 <= rate <= 0.02, rate
+    # The size estimate from the share of bits set, counted in full and from a sample.
+    assert store.size() == pytest.approx(len(inserted), rel=0.02)
+    store.SAMPLE_BYTES = 8 * 1024
+    assert store.size() == pytest.approx(len(inserted), rel=0.05)
+
+
+def test_size_never_fails_on_a_key_of_another_type(connect) -> None:
+    server = connect()
+    server.set(f"{SPIDER}:dupefilter", "not a set")
+    assert seen_size(server, SPIDER, Settings({})) == 0
+    assert seen_size(server, SPIDER, settings_for("bloom")) == 0  # no filter yet
+    server.delete(f"{SPIDER}:dupefilter")
+    make_store(server, SPIDER, settings_for("set")).add_many(fingerprints(50, 5))
+    assert seen_size(server, SPIDER, Settings({})) == 50
+
+
+def test_a_node_configured_otherwise_uses_the_filter_in_redis(connect, caplog) -> None:
+    first = make_store(connect(), SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="1000"))
+    first.add_many(fingerprints(100, 6))
+    with caplog.at_level(logging.WARNING):
+        second = make_store(connect(), SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="2000"))
+        assert second.add_many(fingerprints(100, 6)) == 0
+    assert second.bloom == first.bloom and "uses the stored shape" in caplog.text
+
+
+# --- expiry -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["set", "bloom"])
+def test_fingerprints_expire_and_the_page_is_queued_again(connect, backend: str) -> None:
+    node = Node(connect(), settings_for(backend, DUPEFILTER_EXPIRY="2"))
+    assert node.offer("http://shop.test/old") == (1, 0)
+    generations = node.df.store.generations
+    forgotten_at = generations.expire_at_ms(generations.current()) / 1000
+    other = Node(connect(), settings_for(backend, DUPEFILTER_EXPIRY="2"))
+    assert other.offer("http://shop.test/old") == (0, 1)
+    server = connect()
+    live = [k for k in node.df.store.keys() if server.exists(k)]
+    assert live and all(0 < server.pttl(k) <= 2000 for k in live), {k: server.pttl(k) for k in live}
+    assert not node.df.run_keys()  # kept past a finished crawl: they expire on their own
+    time.sleep(max(0.0, forgotten_at - generations.now()) + 0.05)
+    # Forgotten by Redis and by the node's own local pre-check.
+    assert node.offer("http://shop.test/old") == (1, 0)
+    assert other.offer("http://shop.test/old") == (0, 1)
+
+
+# --- through the real scheduler and crawler -------------------------------------------------
+def test_custom_request_fingerprinter_is_honoured(clean, connect) -> None:
+    def scheduler() -> SharedScheduler:
+        crawler = get_crawler(BloomSpider, {
+            "REQUEST_FINGERPRINTER_CLASS": QueryBlindFingerprinter, "REDIS_URL": clean.redis_url,
+            "DUPEFILTER_BACKEND": "bloom", "DUPEFILTER_BLOOM_CAPACITY": "1000", "SCHEDULER_LEASE_TIMEOUT": "0",
+        })
+        instance = SharedScheduler.from_crawler(crawler)
+        instance.open(BloomSpider())
+        return instance
+
+    first, second = scheduler(), scheduler()
+    assert first.enqueue_request(scrapy.Request("http://shop.test/p?a=1"))
+    assert not first.enqueue_request(scrapy.Request("http://shop.test/p?a=2"))  # the local pre-check
+    first.flush_staged()
+    assert second.enqueue_request(scrapy.Request("http://shop.test/p?a=3"))  # staged, then refused by Redis
+    second.flush_staged()
+    assert second.stats.get_value("dupefilter/filtered_shared") == 1
+    assert connect().zcard(f"{SPIDER}:requests") == 1
+    assert connect().exists(f"{SPIDER}:bloom") and not connect().exists(f"{SPIDER}:dupefilter")
+    for instance in (first, second):
+        instance.close("shutdown")
+
+
+def test_an_expired_lease_is_redelivered_past_the_filter(connect) -> None:
+    node = Node(connect(), settings_for("bloom"))
+    assert node.offer("http://shop.test/leased") == (1, 0)
+    leases = Leases(node.server, SPIDER, node.queue.key, f"{SPIDER}:dead", ttl=0.1)
+    [(_lease, _score, _data)] = leases.take(1)
+    time.sleep(0.2)
+    assert leases.reap() == (1, 0)
+    assert node.server.zcard(node.queue.key) == 1
+    other = Node(connect(), settings_for("bloom"))
+    assert other.offer("http://shop.test/leased") == (0, 1)  # still seen: only a redelivery gets past
+
+
+def test_crawl_with_the_bloom_filter_fetches_each_page_once(clean, connect, site: DemoSite, catalog: Catalog) -> None:
+    crawl(clean, site, DUPEFILTER_BACKEND="bloom")
+    counts = site.stats()["requests"]
+    pages = {p: n for p, n in counts.items() if p != "/robots.txt"}
+    assert sorted(pages) == sorted(catalog.pages()) and set(pages.values()) == {1}
+    rows = clean.query("SELECT sku, count(*) FROM products GROUP BY sku")
+    assert sorted(sku for sku, _ in rows) == sorted(p.sku for p in catalog.valid_products())
+    assert all(n == 1 for _, n in rows)
+    # A finished crawl without expiry drops its filter with the rest of the run's state.
+    assert connect().keys("demo:*") == []
+
+
+def test_with_an_expiry_a_recrawl_skips_what_it_saw(clean, connect, site: DemoSite, catalog: Catalog) -> None:
+    crawl(clean, site, DUPEFILTER_BACKEND="bloom", DUPEFILTER_EXPIRY="3600")
+    server = connect()
+    kept = sorted(k.decode() for k in server.keys("demo:*"))
+    assert kept and all(k.startswith("demo:bloom:") for k in kept), kept
+    assert all(0 < server.ttl(k) <= 3600 for k in kept)
+    # `scrapy queue` estimates the filter's size (from a 1 MB sample of 18 MB: rough when small).
+    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, DUPEFILTER_BACKEND="bloom",
+                                  DUPEFILTER_EXPIRY="3600"), "queue", "demo", "--json", "--interval", "0.1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["seen"] == pytest.approx(len(catalog.pages()), rel=0.3)
+    site.reset_stats()
+    crawl(clean, site, DUPEFILTER_BACKEND="bloom", DUPEFILTER_EXPIRY="3600")
+    assert [p for p in site.stats()["requests"] if p != "/robots.txt"] == []
+
+
+# --- configuration --------------------------------------------------------------------------
+def test_bad_dupefilter_settings_fail_at_start_with_one_line(clean) -> None:
+    line = check_one_line_error(run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bogus"), "crawl", "demo"),
+                                "DUPEFILTER_BACKEND")
+    assert "'bogus'" in line
+    check_one_line_error(run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_ERROR_RATE="2"),
+                                    "crawl", "demo"), "DUPEFILTER_BLOOM_ERROR_RATE")
