@@ -7,6 +7,11 @@
 2. Scaling out through the scraping API: the demo shop crawled through the local API stand-in
    with 200 ms added per page, by 1, 2 and 4 worker processes sharing one queue; pages/s and the
    ratio to one process.
+   The pipeline is also run with at-least-once delivery off (``SCHEDULER_LEASE_TIMEOUT=0``):
+   the cost of leases is the ratio of the two.
+2b. Redelivery: a worker holding leases is SIGKILLed; a fresh worker starts at once. Prints how
+   long until the first of the dead worker's requests is back in the queue and until all of them
+   have been fetched again (bounded by the lease timeout plus one reaping tick).
 3. Upsert throughput on the same Postgres, against two baselines: a plain COPY into an indexed
    table (the bulk-load limit) and the textbook bulk upsert (COPY everything into a staging
    table, one ``INSERT … SELECT … ON CONFLICT DO UPDATE``). Ours runs in batches as the crawl
@@ -20,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import signal
+import urllib.request
 import os
 import re
 import resource
@@ -178,6 +186,64 @@ def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
     }
 
 
+def drop_tables(dsn: str) -> None:
+    """Start a crawl on empty tables, so that each variant inserts the same rows."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS products, rejects")
+    conn.close()
+
+
+def site_counts(url: str) -> dict[str, int]:
+    with urllib.request.urlopen(url + "_admin/stats", timeout=10) as answer:
+        return json.load(answer)["requests"]
+
+
+def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> dict[str, float]:
+    """Kill a lone worker mid-crawl, start another; time the return of the dead one's requests."""
+    server = redis.Redis.from_url(redis_url)
+    server.flushdb()
+    drop_tables(dsn)
+    site, url = start_site(products, 100)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+           "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCHEDULER_LEASE_TIMEOUT": str(lease),
+           "CONCURRENT_REQUESTS": "8", "METRICS_ENABLED": "false"}
+    command = [sys.executable, "-m", "scrapy", "crawl", "demo"]
+    victim = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    successor = None
+    try:
+        while sum(site_counts(url).values()) < 60:
+            time.sleep(0.1)
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        victim.wait()
+        held = {lease_id: json.loads(value.split(b"|", 1)[1])["url"]
+                for lease_id, value in server.hgetall("demo:leased").items()}
+        # A redelivered request is leased again under the same id, with a new deadline.
+        deadlines = {lease_id: server.zscore("demo:lease_deadlines", lease_id) for lease_id in held}
+        fetched = site_counts(url)
+        successor = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        requeued = refetched = None
+        while refetched is None and time.monotonic() - killed < lease + 120:
+            time.sleep(0.05)
+            if requeued is None and any(server.zscore("demo:lease_deadlines", i) != d for i, d in deadlines.items()):
+                requeued = time.monotonic() - killed
+            counts = site_counts(url)
+            paths = ["/" + u.split("/", 3)[3] for u in held.values()]
+            if requeued is not None and all(counts.get(p, 0) > fetched.get(p, 0) for p in paths):
+                refetched = time.monotonic() - killed
+        successor.wait(timeout=300)
+    finally:
+        for proc in (victim, successor, site):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    if requeued is None or refetched is None:
+        raise SystemExit("the killed worker's requests were not redelivered")
+    return {"held": float(len(held)), "requeued_s": requeued, "refetched_s": refetched, "lease": lease}
+
+
 def with_redis_db(url: str, db: int) -> str:
     parts = urlsplit(url)
     if parts.scheme == "unix":
@@ -287,18 +353,31 @@ def main() -> None:
             where = f"{url} ({args.products} products, {delay} ms per page)"
             print(f"\ncrawling {where} with plain Scrapy ...", flush=True)
             plain = crawl(env, PLAIN)
+            print("crawling it again through the whole pipeline, without leases ...", flush=True)
+            drop_tables(dsn)
+            unleased = crawl(env, ["-s", "SCHEDULER_LEASE_TIMEOUT=0"])
             print("crawling it again through the whole pipeline ...", flush=True)
+            drop_tables(dsn)
             full = crawl(env, [])
         finally:
             site.terminate()
             site.wait()
         print(f"{'':24}{'pages':>8}{'items':>8}{'pages/s':>10}{'CPU ms/page':>13}{'peak RSS MB':>13}")
-        for name, r in (("plain Scrapy", plain), ("whole pipeline", full)):
+        for name, r in (("plain Scrapy", plain), ("pipeline, no leases", unleased), ("whole pipeline", full)):
             print(f"{name:24}{r['pages']:>8.0f}{r['items']:>8.0f}{r['pages_per_s']:>10.1f}"
                   f"{r['cpu_ms_per_page']:>13.2f}{r['peak_rss_mb']:>13.0f}")
         print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: "
               f"{full['pages_per_s'] / plain['pages_per_s']:.2f}x pages/s, "
               f"{full['cpu_ms_per_page'] / plain['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
+        print(f"cost of at-least-once delivery at {delay} ms per page: leases / no leases "
+              f"{full['pages_per_s'] / unleased['pages_per_s']:.2f}x pages/s, "
+              f"{full['cpu_ms_per_page'] / unleased['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
+
+    print("\nkilling a worker that holds leases (lease timeout 10 s) and timing the redelivery ...", flush=True)
+    red = redelivery(redis_url, dsn, lease=10.0)
+    print(f"requests the killed worker held: {red['held']:.0f}; the first back in the queue after "
+          f"{red['requeued_s']:.1f} s, all fetched again after {red['refetched_s']:.1f} s "
+          f"(lease timeout {red['lease']:.0f} s)", flush=True)
 
     print(f"\ncrawling {args.api_products} products through the scraping-API stand-in "
           f"(+200 ms per page), 1, 2 and 4 workers sharing one queue ...", flush=True)
