@@ -17,6 +17,9 @@
    table, one ``INSERT … SELECT … ON CONFLICT DO UPDATE``). Ours runs in batches as the crawl
    does, with the content-hash skip; it is measured on new rows and on the same rows again.
 
+4. The dupefilter's memory per URL, set vs Bloom filter, for ``--dupefilter-urls`` (1M) URLs
+   (see ``bench/dupefilter_memory.py``).
+
 Uses REDIS_URL / DATABASE_URL when set, the embedded servers otherwise. It writes only to
 Redis database 7 and a Postgres database ``scraper_bench``, which it recreates.
 """
@@ -330,6 +333,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--api-products", type=int, default=1000)
+    parser.add_argument("--dupefilter-urls", type=int, default=1_000_000)
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
     args = parser.parse_args()
@@ -394,6 +398,11 @@ def main() -> None:
     for label, name in (("ours, new rows", "upsert_new"), ("ours, same rows again (unchanged)", "upsert_unchanged")):
         print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
               f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
+
+    print(f"\ndupefilter memory, set vs Bloom filter, {args.dupefilter_urls:,} URLs ...", flush=True)
+    import dupefilter_memory
+
+    dupefilter_memory.main(["--urls", str(args.dupefilter_urls)])
 
 
 if __name__ == "__main__":
