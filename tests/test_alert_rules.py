@@ -35,6 +35,8 @@ ALERT_NAMES = {
     "ScraperCrawlStalled",
     "ScraperApiBudgetNearlySpent",
     "ScraperStorageWriteFailures",
+    "ScraperStorageBehind",
+    "ScraperDeadLetters",
 }
 
 # What every crawl process exports, by type.
@@ -43,11 +45,13 @@ COUNTERS = {
     "scraper_api_credits_total", "scraper_queue_enqueued_total", "scraper_queue_dequeued_total",
     "scraper_items_scraped_total", "scraper_items_dropped_total", "scraper_items_rejected_total",
     "scraper_items_stored_total", "scraper_storage_rows_written_total",
-    "scraper_storage_write_failures_total",
+    "scraper_storage_write_failures_total", "scraper_queue_redelivered_total", "scraper_dead_letters_total",
+    "scraper_politeness_wait_seconds_total",
 }
 GAUGES = {
     "scraper_api_budget_credits", "scraper_queue_depth", "scraper_queue_oldest_age_seconds",
-    "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_spider_open",
+    "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_storage_max_pending_rows",
+    "scraper_spider_open",
     "scraper_last_response_timestamp_seconds",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}

@@ -57,6 +57,7 @@ class CrawlCollector(Collector):
         by_class: dict[tuple[str, ...], float] = defaultdict(float)
         errors: dict[tuple[str, ...], float] = defaultdict(float)
         rejected: dict[tuple[str, ...], float] = {}
+        dead: dict[tuple[str, ...], float] = {}
         for key, value in stats.items():
             if key.startswith("downloader/response_status_count/"):
                 by_class[(s, key.rsplit("/", 1)[1][:1] + "xx")] += value
@@ -66,6 +67,8 @@ class CrawlCollector(Collector):
                 errors[(s, key.rsplit("/", 1)[1])] += value
             elif key.startswith("item_rejected_reasons/"):
                 rejected[(s, key.split("/", 1)[1])] = value
+            elif key.startswith("dead_letters/") and key not in ("dead_letters/count", "dead_letters/callback_retries"):
+                dead[(s, key.split("/", 1)[1])] = value
         yield _counter("scraper_responses", "Responses received, by status class.", ["spider", "status_class"],
                        dict(by_class))
         yield _counter("scraper_errors", "Download and callback errors, by exception.", ["spider", "kind"],
@@ -85,6 +88,12 @@ class CrawlCollector(Collector):
                        {(s,): get("scheduler/enqueued/redis")})
         yield _counter("scraper_queue_dequeued", "Requests this process took from the shared queue.", ["spider"],
                        {(s,): get("scheduler/dequeued/redis")})
+        yield _counter("scraper_queue_redelivered", "Requests of dead workers this process put back in the queue.",
+                       ["spider"], {(s,): get("scheduler/redelivered")})
+        yield _counter("scraper_dead_letters", "Requests set aside as dead letters, by reason.", ["spider", "reason"],
+                       dead)
+        yield _counter("scraper_politeness_wait_seconds", "Time requests waited for the fleet's per-site limits.",
+                       ["spider"], {(s,): get("politeness/wait_seconds")})
 
         yield _counter("scraper_items_scraped", "Items the spider yielded.", ["spider"], {(s,): get("items/yielded")})
         duplicates, rejects = get("item_duplicates_dropped"), get("item_rejected_count")
@@ -109,6 +118,8 @@ class CrawlCollector(Collector):
         writer = getattr(self.crawler, "_postgres_writer", None)
         yield _gauge("scraper_storage_pending_rows", "Rows waiting to be written.", s,
                      float(writer.pending()) if writer is not None else 0.0)
+        yield _gauge("scraper_storage_max_pending_rows", "Rows waiting at which new downloads are held "
+                     "(POSTGRES_MAX_PENDING).", s, float(writer.max_pending) if writer is not None else 0.0)
 
         yield _gauge("scraper_spider_open", "1 while the spider runs.", s, 1.0 if self.spider_open else 0.0)
         yield _gauge("scraper_last_response_timestamp_seconds", "When the last response arrived (unix time).", s,

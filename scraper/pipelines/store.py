@@ -42,7 +42,7 @@ class StorePipeline:
             raise set_aside(self.crawler, item, exc) from None
         except WriteFailed as exc:
             if not str(exc).startswith("database refused"):
-                raise
+                raise set_aside(self.crawler, item, exc, stop=False) from None
             reasons = [str(exc)]
             stats.inc_value("item_rejected_count")
             stats.inc_value("item_rejected_reasons/database")

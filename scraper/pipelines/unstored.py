@@ -1,12 +1,13 @@
-"""Items the database could not take: their page becomes a dead letter and the crawl stops.
+"""Items the database could not take: their page becomes a dead letter.
 
-When Postgres stays away past ``POSTGRES_RETRY_TIMEOUT`` the writer fails every waiting row at
-once (:class:`~scraper.storage.writer.DatabaseUnavailable`). Those items are gone from this
-process, but the page each came from is kept: it goes to the dead letters once, with the reason
-(``store: database unavailable …``), so ``scrapy dlq requeue <spider> --reason store`` fetches
-it again when the database is back. The spider then closes with ``postgres_unavailable``: every
-further page would only end up there too. Requests still in the shared queue stay for the next
-run.
+A batch can fail for good without the database refusing a row (that goes to ``rejects``): a
+deadlock that outlasts its retries, or Postgres staying away past ``POSTGRES_RETRY_TIMEOUT``, when
+the writer fails every waiting row at once (:class:`~scraper.storage.writer.DatabaseUnavailable`).
+Those items are gone from this process, but the page each came from is kept: it goes to the dead
+letters once, with the reason (``store: …``), so ``scrapy dlq requeue <spider> --reason store``
+fetches it again. When the database is gone the spider also closes with
+``postgres_unavailable``, since every further page would only end up there too; requests still in
+the shared queue stay for the next run.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ logger = logging.getLogger(__name__)
 CLOSE_REASON = "postgres_unavailable"
 
 
-def set_aside(crawler: Any, item: Any, error: Exception) -> DropItem:
-    """Dead-letter *item*'s page (once per page) and stop the crawl; returns the DropItem to raise."""
+def set_aside(crawler: Any, item: Any, error: Exception, stop: bool = True) -> DropItem:
+    """Dead-letter *item*'s page (once per page) and, with *stop*, stop the crawl; returns the
+    DropItem to raise."""
     crawler.stats.inc_value("postgres/items_not_stored")
     request = getattr(item, "_request", None)
     buried = crawler.__dict__.setdefault("_unstored_requests", weakref.WeakSet())
@@ -36,7 +38,7 @@ def set_aside(crawler: Any, item: Any, error: Exception) -> DropItem:
     elif request is None:
         logger.error("An item that could not be stored has no page to dead-letter: %r", item)
     engine = crawler.engine
-    if not crawler.__dict__.get("_closing_for_postgres"):
+    if stop and not crawler.__dict__.get("_closing_for_postgres"):
         crawler._closing_for_postgres = True
         logger.error("Stopping the crawl: %s. Its pages are dead letters (requeue them with "
                      "`scrapy dlq requeue %s --reason store`); the queue is kept.", error, crawler.spider.name)

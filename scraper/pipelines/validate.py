@@ -19,7 +19,7 @@ from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
-from ..storage.writer import DatabaseUnavailable, writer_for
+from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
 from .unstored import set_aside
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,6 @@ class ValidatePipeline:
         stats.inc_value("item_rejected_count")
         try:
             await maybe_deferred_to_future(self.writer.add_reject(reject_record(self.crawler.spider.name, item, reasons)))
-        except DatabaseUnavailable as exc:
-            raise set_aside(self.crawler, item, exc) from None
+        except WriteFailed as exc:
+            raise set_aside(self.crawler, item, exc, stop=isinstance(exc, DatabaseUnavailable)) from None
         raise DropItem(f"Rejected ({'; '.join(reasons)})", log_level="INFO")

@@ -218,7 +218,7 @@ class PostgresWriter:
             waiting = list(batches.values())
             waiting_rejects = list(rejects)
             error: type[WriteFailed] = WriteFailed
-            if failure.check(*_CONNECTION_LOST):
+            if failure.check(*_CONNECTION_LOST) and not failure.check(*_RETRYABLE):
                 # Every row behind this batch would wait just as long again: fail them all now.
                 self.gave_up = message = f"database unavailable for over {self.retry_timeout:g} s: {message}"
                 error = DatabaseUnavailable
