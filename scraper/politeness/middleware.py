@@ -79,7 +79,7 @@ class PolitenessMiddleware:
     def from_crawler(cls, crawler: Any) -> "PolitenessMiddleware":
         policy = read_policy(crawler.settings, getattr(crawler, "spider", None))
         if not policy.limits_anything:
-            raise NotConfigured("no POLITENESS_RATE, POLITENESS_CONCURRENCY or override set")
+            raise NotConfigured  # the default: nothing to limit, and no warning about it
         limiter = Limiter(get_redis(crawler.settings["REDIS_URL"]), HOLDER_TTL, WAITER_TTL)
         mw = cls(crawler, policy, limiter)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)

@@ -77,6 +77,15 @@ class PriorityQueue(_RedisPriorityQueue):
         if not self._staged:
             return 0, 0
         staged, self._staged = self._staged, []
+        try:
+            return self._send_staged(staged)
+        except Exception:
+            # Redis unreachable: keep them for the next flush. A request already queued by a
+            # pipeline cut short is filtered then as seen (or re-added as the same member).
+            self._staged[:0] = staged
+            raise
+
+    def _send_staged(self, staged: list[tuple[Any, str, float, str]]) -> tuple[int, int]:
         pipe = self.server.pipeline(transaction=False)
         for dupefilter, fingerprint, score, data in staged:
             # Exactly one command per request, so that results line up with requests.

@@ -10,7 +10,10 @@ What differs from scrapy-redis' own:
 * the dupefilter uses Scrapy's ``REQUEST_FINGERPRINTER_CLASS`` and a local pre-check, keeps
   its fingerprints in a set or a Bloom filter, and may forget them after an expiry (see
   :mod:`scraper.queue.dupefilter`);
-* one Redis connection pool per process, shared with the other components.
+* one Redis connection pool per process, shared with the other components;
+* Redis going away for a while is waited out: nothing staged is dropped, no lease is
+  acknowledged before the requests that replace it are in Redis, and the spider does not
+  close as "finished" meanwhile.
 
 Settings: ``SCHEDULER_QUEUE_CLASS``, ``SCHEDULER_SERIALIZER``, ``SCHEDULER_FLUSH_ON_START``,
 ``SCHEDULER_DUPEFILTER_LOCAL_CACHE``, ``SCHEDULER_IDLE_TIMEOUT`` (see :mod:`scraper.extensions.idle_close`),
@@ -21,14 +24,17 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from typing import Any
+
+import redis
 
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
-from ..redis_client import get_redis
+from ..redis_client import UNREACHABLE, get_redis
 from . import keys
 from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
@@ -36,6 +42,8 @@ from .leases import Leases
 from .queues import LEASE_META, RequestSerializationError
 
 logger = logging.getLogger(__name__)
+
+REDIS_DOWN = UNREACHABLE
 
 
 class SharedScheduler(Scheduler):
@@ -73,6 +81,8 @@ class SharedScheduler(Scheduler):
         )
         self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), info=self._node_info)
         self._unserializable_logged: set[str] = set()
+        self._last_redis_warning = float("-inf")
+        self._no_reap_until = float("-inf")
         self.spider = spider
         self._flush_call: Any = None
         self.queue = load_object(self.queue_cls)(
@@ -127,7 +137,8 @@ class SharedScheduler(Scheduler):
         try:
             # Requests that replace a leased one (retries, redirects) must be in Redis before
             # the lease they inherit from is acknowledged.
-            self.flush_staged()
+            if not self.flush_staged():
+                return
             done = self.leases.mine - self._in_progress()
             self.leases.ack(done)
             if done:
@@ -135,7 +146,9 @@ class SharedScheduler(Scheduler):
             self.leases.renew()
             self._reap()
             self._wake_engine()
-        except Exception as exc:  # Redis trouble: the next tick tries again; leases outlive a blip
+        except REDIS_DOWN as exc:  # the next tick tries again; leases outlive a blip
+            self._redis_down(exc)
+        except Exception as exc:
             logger.warning("Could not tend the request leases: %s", exc)
 
     def _wake_engine(self) -> None:
@@ -146,6 +159,8 @@ class SharedScheduler(Scheduler):
             slot.nextcall.schedule()
 
     def _reap(self) -> None:
+        if time.monotonic() < self._no_reap_until:
+            return
         requeued, dead = self.leases.reap()
         if requeued or dead:
             self.stats.inc_value("scheduler/redelivered", requeued)
@@ -160,13 +175,26 @@ class SharedScheduler(Scheduler):
     def close(self, reason: str) -> None:
         if self._lease_loop is not None and self._lease_loop.running:
             self._lease_loop.stop()
-        self.flush_staged()
+        try:
+            self._close(reason)
+        except REDIS_DOWN as exc:
+            # Nothing is acknowledged that is not safe: leases left behind expire and their
+            # requests are fetched again by the next node or run.
+            logger.error("Redis unreachable while closing (%s): %d requests not queued; the leases of "
+                         "the pages that produced them expire and those pages are fetched again",
+                         type(exc).__name__, self.queue.staged_count())
+        self.df.close(reason)
+
+    def _close(self, reason: str) -> None:
+        flushed = self.flush_staged()
         returned = self.queue.return_prefetched()
         if returned:
             logger.info("Returned %d prefetched requests to the shared queue", returned)
-        if self.leases is not None:
+        if self.leases is not None and flushed:
             # The engine has drained: everything this node still holds is done.
             self.leases.ack(set(self.leases.mine))
+        if not flushed:
+            raise redis.ConnectionError("the staged requests could not be sent")
         finished = reason == "finished"
         run_keys = keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
         outcome = self.nodes.leave(self.queue.key, finished, run_keys,
@@ -186,7 +214,6 @@ class SharedScheduler(Scheduler):
                 "Spider %r closed (%s) with %d requests left in the shared queue; they resume on the next start",
                 self.spider.name, reason, len(self.queue),
             )
-        self.df.close(reason)
 
     def flush(self) -> None:
         self.df.clear()
@@ -220,26 +247,53 @@ class SharedScheduler(Scheduler):
             self._flush_call = reactor.callLater(0, self.flush_staged)
         return True
 
-    def flush_staged(self) -> None:
+    def flush_staged(self) -> bool:
+        """Send staged requests to Redis; False (and they stay staged) if it is unreachable."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
-        queued, filtered = self.queue.flush_staged()
+        try:
+            queued, filtered = self.queue.flush_staged()
+        except REDIS_DOWN as exc:
+            self._redis_down(exc)
+            return False
         if queued:
             self.stats.inc_value("scheduler/enqueued/redis", queued)
         if filtered:
             self.stats.inc_value("dupefilter/filtered_shared", filtered)
+        return True
+
+    def _redis_down(self, exc: Exception) -> None:
+        self.stats.inc_value("scheduler/redis_errors")
+        now = time.monotonic()
+        # After an outage every node's leases look expired until their owners renew them:
+        # give them a lease period to do so before reaping anything.
+        self._no_reap_until = now + self.lease_timeout
+        if now - self._last_redis_warning >= 10:
+            self._last_redis_warning = now
+            logger.warning("Redis unreachable (%s): %d requests wait to be queued; retrying",
+                           type(exc).__name__, self.queue.staged_count())
 
     def next_request(self) -> Request | None:
-        self.nodes.beat()
-        self.flush_staged()
-        request = self.queue.pop()
+        try:
+            self.nodes.beat()
+            self.flush_staged()
+            request = self.queue.pop()
+        except REDIS_DOWN as exc:
+            self._redis_down(exc)
+            return None
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
         return request
 
     def has_pending_requests(self) -> bool:
-        if self.queue.local_pending() > 0 or len(self.queue) > 0:
+        if self.queue.local_pending() > 0:
             return True
-        # Another worker's leases: if it dies, its requests come back here.
-        return self.leases is not None and self.leases.outstanding_elsewhere() > 0
+        try:
+            if len(self.queue) > 0:
+                return True
+            # Another worker's leases: if it dies, its requests come back here.
+            return self.leases is not None and self.leases.outstanding_elsewhere() > 0
+        except REDIS_DOWN as exc:
+            self._redis_down(exc)
+            return True  # unknown: a crawl is not finished because Redis is away
