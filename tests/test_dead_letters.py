@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import socket
 
+import redis
+import scrapy
+
 from conftest import crawl_env, project_with_spider, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
 
@@ -64,3 +67,47 @@ def test_poison_and_unreachable_requests_become_dead_letters(clean, tmp_path) ->
     # The rest of the site was crawled and stored: one bad page does not stop a crawl.
     stored = {r[0] for r in clean.query("SELECT sku FROM products")}
     assert stored == {p.sku for p in catalog.valid_products()} - {poisoned.sku}
+
+
+def test_a_dead_letter_redis_cannot_take_is_delivered_again(clean, tmp_path) -> None:
+    """A request that should become a dead letter while Redis is down is not lost: its lease is
+    abandoned (neither acknowledged nor renewed), runs out, and the request is queued again."""
+    from scrapy.utils.test import get_crawler
+
+    from scraper.middlewares.dead_letters import bury
+    from scraper.queue.scheduler import SharedScheduler
+    from scraper.spiders.demo import DemoSpider
+    from test_metrics import wait_for
+    from test_redis_trouble import StoppableRedis
+
+    server = StoppableRedis(tmp_path)
+    server.start()
+    try:
+        # Longer than the client's own retries while Redis is down (about 6 s).
+        crawler = get_crawler(DemoSpider, {"REDIS_URL": server.url, "SCHEDULER_LEASE_TIMEOUT": "12"})
+        spider = DemoSpider()
+        crawler.spider = spider
+        scheduler = SharedScheduler.from_crawler(crawler)
+        scheduler.open(spider)
+        assert scheduler.enqueue_request(scrapy.Request("http://shop.test/flaky"))
+        scheduler.flush_staged()
+        request = scheduler.next_request()
+        assert request is not None and request.url == "http://shop.test/flaky"
+        server.stop()
+        bury(crawler, request, "http 503", 3)  # Redis is down: must neither raise nor lose it
+        assert crawler.stats.get_value("scheduler/abandoned") == 1
+        server.start()
+        client = redis.Redis.from_url(server.url)
+        scheduler._tend_leases()  # not acknowledged: the lease is still there
+        assert client.zcard("demo:lease_deadlines") == 1 and client.zcard("demo:requests") == 0
+
+        def reaped() -> bool:
+            scheduler._tend_leases()  # never renewed: it runs out and is reaped into the queue
+            return client.zcard("demo:requests") == 1
+
+        wait_for(reaped, timeout=20, step=0.2)
+        assert client.llen("demo:dead") == 0
+        assert scheduler.next_request().url == "http://shop.test/flaky"
+        scheduler.close("shutdown")
+    finally:
+        server.stop()

@@ -21,7 +21,8 @@ from scrapy.spidermiddlewares.httperror import HttpError
 
 from ..config import get_int
 from ..queue.dead_letters import DeadLetters
-from ..redis_client import get_redis
+from ..queue.leases import lease_abandoned
+from ..redis_client import UNREACHABLE, get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,17 @@ def _dead_letters(crawler: Any) -> DeadLetters:
 
 
 def bury(crawler: Any, request: Request, reason: str, attempts: int) -> None:
-    """Make *request* a dead letter, counted as ``dead_letters/<first word of reason>``."""
-    _dead_letters(crawler).add(request, reason, attempts)
+    """Make *request* a dead letter, counted as ``dead_letters/<first word of reason>``.
+
+    If Redis is unreachable the request is not lost: its lease is abandoned, so that it is
+    delivered again (and fails again, or not) once Redis is back."""
+    try:
+        _dead_letters(crawler).add(request, reason, attempts)
+    except UNREACHABLE as exc:
+        crawler.signals.send_catch_log(signal=lease_abandoned, request=request)
+        logger.warning("Redis unreachable (%s): %s (%s) will be fetched again instead of becoming a dead "
+                       "letter now", type(exc).__name__, request.url, reason)
+        return
     crawler.stats.inc_value("dead_letters/count")
     crawler.stats.inc_value(f"dead_letters/{reason.split()[0].rstrip(':')}")
     logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)

@@ -14,6 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+#: Signal (``request=``): a component could not finish with this request safely (e.g. it could
+#: not write its dead letter while Redis was away). Its lease is then neither acknowledged nor
+#: renewed: it runs out and the request is delivered again.
+lease_abandoned = object()
+
 # KEYS: pending, leased, deadlines. ARGV: count, deadline.
 _TAKE = """
 local items = redis.call('ZPOPMIN', KEYS[1], ARGV[1])

@@ -38,7 +38,7 @@ from ..redis_client import UNREACHABLE, get_redis
 from . import keys
 from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
-from .leases import Leases
+from .leases import Leases, lease_abandoned
 from .queues import LEASE_META, RequestSerializationError
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class SharedScheduler(Scheduler):
             self._reap()  # requests a worker of an earlier run died holding
             from twisted.internet import task
 
+            self.crawler.signals.connect(self._abandon, signal=lease_abandoned)
             self._lease_loop = task.LoopingCall(self._tend_leases)
             self._lease_loop.start(max(0.05, min(0.5, self.lease_timeout / 6)), now=False)
         pending = len(self.queue)
@@ -132,6 +133,12 @@ class SharedScheduler(Scheduler):
         if inprogress is None:
             return set(self.leases.mine)
         return {r.meta.get(LEASE_META) for r in list(inprogress)} | self.queue.prefetched_leases()
+
+    def _abandon(self, request: Request) -> None:
+        lease = request.meta.get(LEASE_META)
+        if lease and lease in self.leases.mine:
+            self.leases.mine.discard(lease)  # not acknowledged, not renewed: it runs out
+            self.stats.inc_value("scheduler/abandoned")
 
     def _tend_leases(self) -> None:
         try:
