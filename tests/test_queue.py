@@ -93,3 +93,32 @@ def test_serializer_escapes_values_that_look_like_tags() -> None:
 def test_serializer_rejects_non_requests() -> None:
     with pytest.raises(ValueError):
         serializer.loads('["a list"]')
+
+
+def test_a_stalled_worker_cannot_release_a_lease_another_worker_took_over(queue) -> None:
+    """Lease ids are request hashes: after A's lease ran out and B took the request again, A's
+    late acknowledgement or renewal must not touch B's lease (else B dying would lose it)."""
+    import time
+
+    from scraper.queue.leases import Leases
+
+    server = queue.server
+    queue.push(scrapy.Request("http://shop.test/slow"))
+    stalled = Leases(server, "queue_test", queue.key, "queue_test:dead", ttl=0.2, owner="A")
+    other = Leases(server, "queue_test", queue.key, "queue_test:dead", ttl=30, owner="B")
+    [(lease, _score, _data)] = stalled.take(1)
+    time.sleep(0.3)
+    assert other.reap() == (1, 0)
+    [(again, _score, _data)] = other.take(1)
+    assert again == lease
+    deadline = server.zscore("queue_test:lease_deadlines", lease)
+
+    stalled.renew(force=True)
+    stalled.ack({lease})
+    assert server.zscore("queue_test:lease_deadlines", lease) == deadline  # B's lease untouched
+    assert server.hexists("queue_test:leased", lease)
+    assert lease not in stalled.mine and lease in other.mine
+
+    other.ack({lease})
+    assert server.zcard("queue_test:lease_deadlines") == 0 and server.hlen("queue_test:leased") == 0
+    assert server.hlen("queue_test:lease_owners") == 0

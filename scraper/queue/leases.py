@@ -12,6 +12,7 @@ instead of killing workers forever. Idempotent upserts make a redelivery harmles
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 #: Signal (``request=``): a component could not finish with this request safely (e.g. it could
@@ -19,7 +20,7 @@ from typing import Any
 #: renewed: it runs out and the request is delivered again.
 lease_abandoned = object()
 
-# KEYS: pending, leased, deadlines. ARGV: count, deadline.
+# KEYS: pending, leased, deadlines, owners. ARGV: count, deadline, owner.
 _TAKE = """
 local items = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
 local out = {}
@@ -28,6 +29,7 @@ for i = 1, #items, 2 do
   local id = redis.sha1hex(data)
   redis.call('HSET', KEYS[2], id, score .. '|' .. data)
   redis.call('ZADD', KEYS[3], ARGV[2], id)
+  redis.call('HSET', KEYS[4], id, ARGV[3])
   out[#out + 1] = id
   out[#out + 1] = score
   out[#out + 1] = data
@@ -35,7 +37,32 @@ end
 return out
 """
 
-# KEYS: pending, leased, deadlines, redeliveries, dead. ARGV: now, max redeliveries, batch.
+# Acknowledge (ARGV[1] = 'ack') or extend (ARGV[1] = 'renew', ARGV[3] = new deadline) the leases
+# in ARGV[4..] that this owner (ARGV[2]) still holds. A lease id is its request's hash: after a
+# stalled owner's lease ran out and another worker took the request again, the stalled owner must
+# neither acknowledge nor extend the other's lease. Returns the ids it no longer holds.
+# KEYS: leased, deadlines, redeliveries, owners.
+_OWNED = """
+local lost = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if redis.call('HGET', KEYS[4], id) == ARGV[2] then
+    if ARGV[1] == 'ack' then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+      redis.call('HDEL', KEYS[4], id)
+    else
+      redis.call('ZADD', KEYS[2], 'XX', ARGV[3], id)
+    end
+  else
+    lost[#lost + 1] = id
+  end
+end
+return lost
+"""
+
+# KEYS: pending, leased, deadlines, redeliveries, dead, owners. ARGV: now, max redeliveries, batch.
 _REAP = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local requeued, dead = 0, 0
@@ -43,6 +70,7 @@ for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
   redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[6], id)
   if value then
     local sep = string.find(value, '|', 1, true)
     local score, data = string.sub(value, 1, sep - 1), string.sub(value, sep + 1)
@@ -68,7 +96,7 @@ return {requeued, dead}
 
 class Leases:
     def __init__(self, server: Any, spider_name: str, queue_key: str, dead_key: str, ttl: float,
-                 max_redeliveries: int = 5) -> None:
+                 max_redeliveries: int = 5, owner: str | None = None) -> None:
         self.server = server
         self.ttl = ttl
         self.max_redeliveries = max_redeliveries
@@ -76,16 +104,19 @@ class Leases:
         self.leased_key = f"{spider_name}:leased"
         self.deadlines_key = f"{spider_name}:lease_deadlines"
         self.redeliveries_key = f"{spider_name}:redeliveries"
+        self.owners_key = f"{spider_name}:lease_owners"
         self.dead_key = dead_key
+        self.owner = owner or uuid.uuid4().hex
         self.mine: set[str] = set()
         self._take = server.register_script(_TAKE)
+        self._owned = server.register_script(_OWNED)
         self._reap = server.register_script(_REAP)
         self._last_renewal = 0.0
 
     def take(self, count: int) -> list[tuple[str, float, bytes]]:
         """Lease up to *count* requests: (lease id, score, data), best first."""
-        flat = self._take(keys=[self.pending_key, self.leased_key, self.deadlines_key],
-                          args=[count, time.time() + self.ttl])
+        flat = self._take(keys=[self.pending_key, self.leased_key, self.deadlines_key, self.owners_key],
+                          args=[count, time.time() + self.ttl, self.owner])
         taken = [(flat[i].decode(), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
         self.mine.update(lease for lease, _, _ in taken)
         return taken
@@ -93,35 +124,37 @@ class Leases:
     def ack(self, ids: set[str]) -> None:
         if not ids:
             return
-        pipe = self.server.pipeline(transaction=False)
-        pipe.hdel(self.leased_key, *ids)
-        pipe.zrem(self.deadlines_key, *ids)
-        pipe.hdel(self.redeliveries_key, *ids)
-        pipe.execute()
+        self._on_owned("ack", ids)
         self.mine -= ids
 
+    def _on_owned(self, action: str, ids: set[str], deadline: float = 0.0) -> None:
+        lost = self._owned(keys=[self.leased_key, self.deadlines_key, self.redeliveries_key, self.owners_key],
+                           args=[action, self.owner, deadline, *ids])
+        if lost:
+            # Reaped while this worker stalled, perhaps taken by another: no longer ours.
+            self.mine -= {i.decode() if isinstance(i, bytes) else i for i in lost}
+
     def give_back(self, taken: list[tuple[str, float, bytes]]) -> None:
-        """Requests leased but never handed out: straight back to the queue, lease dropped."""
+        """Requests leased but never handed out: straight back to the queue, lease dropped.
+
+        Queued first, then released: a crash in between, or a lease that another worker took
+        over meanwhile, costs at most one more delivery, never a request."""
         if not taken:
             return
-        pipe = self.server.pipeline(transaction=True)
-        pipe.zadd(self.pending_key, {data: score for _, score, data in taken})
-        ids = {lease for lease, _, _ in taken}
-        pipe.hdel(self.leased_key, *ids)
-        pipe.zrem(self.deadlines_key, *ids)
-        pipe.execute()
-        self.mine -= ids
+        self.server.zadd(self.pending_key, {data: score for _, score, data in taken})
+        self.ack({lease for lease, _, _ in taken})
 
     def renew(self, force: bool = False) -> None:
         now = time.time()
         if self.mine and (force or now - self._last_renewal >= self.ttl / 3):
-            self.server.zadd(self.deadlines_key, {lease: now + self.ttl for lease in self.mine}, xx=True)
+            self._on_owned("renew", set(self.mine), now + self.ttl)
             self._last_renewal = now
 
     def reap(self) -> tuple[int, int]:
         """Put requests whose lease ran out back in the queue (or in the dead letters)."""
         requeued, dead = self._reap(
-            keys=[self.pending_key, self.leased_key, self.deadlines_key, self.redeliveries_key, self.dead_key],
+            keys=[self.pending_key, self.leased_key, self.deadlines_key, self.redeliveries_key, self.dead_key,
+                  self.owners_key],
             args=[time.time(), self.max_redeliveries, 500],
         )
         return int(requeued), int(dead)

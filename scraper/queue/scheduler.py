@@ -96,7 +96,7 @@ class SharedScheduler(Scheduler):
         self._lease_loop: Any = None
         if self.lease_timeout > 0:
             self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
-                                 self.lease_timeout, self.max_redeliveries)
+                                 self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id)
             self.queue.leases = self.leases
         if self.flush_on_start:
             self.flush()
