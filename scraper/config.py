@@ -78,3 +78,24 @@ def get_choice(settings: BaseSettings, name: str, default: str, choices: tuple[s
     if value not in choices:
         raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def domain_entries(value: object, name: str, expected: str, separators: str = ",") -> list[tuple[Any, Any]]:
+    """``a.test=x,b.test=y`` (or a dict of the same) -> [(domain, spec)], empty entries skipped.
+
+    *expected* describes one entry for the error, which names the setting *name*."""
+    if isinstance(value, dict):
+        return list(value.items())
+    text = str(value or "")
+    for separator in separators[1:]:
+        text = text.replace(separator, separators[0])
+    entries = []
+    for part in text.split(separators[0]):
+        part = part.strip()
+        if not part:
+            continue
+        domain, sep, spec = part.partition("=")
+        if not sep:
+            raise ConfigError(f"{name}: expected {expected}, got {part!r}")
+        entries.append((domain, spec))
+    return entries

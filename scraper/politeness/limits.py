@@ -26,7 +26,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..config import ConfigError, get_float, get_int
+from ..config import ConfigError, domain_entries, get_float, get_int
 
 OVERRIDES = "POLITENESS_OVERRIDES"
 KINDS = ("rate", "concurrency")
@@ -111,18 +111,7 @@ def match_domain(host: str, domains: Any) -> str | None:
 
 def parse_overrides(value: object, name: str = OVERRIDES) -> dict[str, Limit]:
     """``shop.test=rate:2/concurrency:4,...`` (or a dict of the same) -> {domain: Limit}."""
-    if isinstance(value, dict):
-        entries = list(value.items())
-    else:
-        entries = []
-        for part in str(value or "").split(","):
-            part = part.strip()
-            if not part:
-                continue
-            domain, sep, spec = part.partition("=")
-            if not sep:
-                raise ConfigError(f"{name}: expected {SYNTAX}, got {part!r}")
-            entries.append((domain, spec))
+    entries = domain_entries(value, name, SYNTAX)
     overrides: dict[str, Limit] = {}
     for raw_domain, spec in entries:
         domain = _domain(raw_domain, name)

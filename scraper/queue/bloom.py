@@ -26,16 +26,15 @@ the filter of a crawl in progress; new settings apply once that seen-state is go
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import math
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ..config import ConfigError, get_float, get_int
-from .generations import Generations
+from .generations import GenerationalClaims, Generations
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ return 1
 """
 
 
-class BloomSeen:
+class BloomSeen(GenerationalClaims):
     """The seen-state of one spider in a Bloom filter (see :class:`~.dupefilter.SeenSet` for
     the interface both backends share)."""
 
@@ -206,25 +205,9 @@ class BloomSeen:
         self._claim(keys=[current, previous, self.params_key, queue_key],
                     args=[expire_at, score, data, self.bloom.packed_positions(fingerprint)], client=pipe)
 
-    def add(self, fingerprint: str) -> bool:
-        self.generation()
-        current, previous, expire_at = self.generations.keys(self.base)
+    def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
         return self._claim(keys=[current, previous, self.params_key],
-                           args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)]) == 1
-
-    def add_many(self, fingerprints: Iterable[str], chunk: int = 1000) -> int:
-        """Claim many fingerprints, pipelined *chunk* at a time; returns how many were new."""
-        self.generation()
-        new = 0
-        remaining = iter(fingerprints)
-        while batch := list(itertools.islice(remaining, chunk)):
-            current, previous, expire_at = self.generations.keys(self.base)
-            pipe = self.server.pipeline(transaction=False)
-            for fingerprint in batch:
-                self._claim(keys=[current, previous, self.params_key],
-                            args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)], client=pipe)
-            new += sum(pipe.execute())
-        return new
+                           args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)], client=client)
 
     def keys(self) -> list[str]:
         return [*self.generations.live_keys(self.base), self.params_key]

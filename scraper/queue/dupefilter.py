@@ -19,10 +19,9 @@ request in one atomic script (:meth:`SharedDupeFilter.push_if_new`), pipelined b
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
@@ -30,7 +29,7 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 from ..config import ConfigError, get_choice, get_float
 from . import keys
 from .bloom import BloomFilter, BloomSeen
-from .generations import Generations
+from .generations import GenerationalClaims, Generations
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ return 1
 """
 
 
-class SeenSet:
+class SeenSet(GenerationalClaims):
     """The seen-state of one spider in a Redis set (one per generation with an expiry).
 
     The interface both backends share:
@@ -96,21 +95,8 @@ class SeenSet:
         current, previous, expire_at = self.generations.keys(self.base)
         self._claim(keys=[current, previous, queue_key], args=[fingerprint, expire_at, score, data], client=pipe)
 
-    def add(self, fingerprint: str) -> bool:
-        current, previous, expire_at = self.generations.keys(self.base)
-        return self._claim(keys=[current, previous], args=[fingerprint, expire_at]) == 1
-
-    def add_many(self, fingerprints: Iterable[str], chunk: int = 1000) -> int:
-        """Claim many fingerprints, pipelined *chunk* at a time; returns how many were new."""
-        new = 0
-        remaining = iter(fingerprints)
-        while batch := list(itertools.islice(remaining, chunk)):
-            current, previous, expire_at = self.generations.keys(self.base)
-            pipe = self.server.pipeline(transaction=False)
-            for fingerprint in batch:
-                self._claim(keys=[current, previous], args=[fingerprint, expire_at], client=pipe)
-            new += sum(pipe.execute())
-        return new
+    def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
+        return self._claim(keys=[current, previous], args=[fingerprint, expire_at], client=client)
 
     def keys(self) -> list[str]:
         return self.generations.live_keys(self.base)

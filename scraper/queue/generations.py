@@ -16,10 +16,11 @@ trip.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import redis
 
@@ -79,3 +80,37 @@ class Generations:
         """The keys that hold what is remembered now."""
         current, previous, _ = self.keys(base)
         return [current] if current == previous else [current, previous]
+
+
+class GenerationalClaims:
+    """``add`` and ``add_many`` for a seen-state store whose one-fingerprint claim is
+    ``_claim_into(fingerprint, current, previous, expire_at, client)`` (1 if it was new), with
+    ``generation()``, ``generations`` and ``base`` as in :class:`~.dupefilter.SeenSet`."""
+
+    base: str
+    generations: Generations
+
+    def generation(self) -> int:
+        raise NotImplementedError
+
+    def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
+        raise NotImplementedError
+
+    def add(self, fingerprint: str) -> bool:
+        """Claim *fingerprint* now; True if no process had claimed it."""
+        self.generation()
+        current, previous, expire_at = self.generations.keys(self.base)
+        return self._claim_into(fingerprint, current, previous, expire_at) == 1
+
+    def add_many(self, fingerprints: Iterable[str], chunk: int = 1000) -> int:
+        """Claim many fingerprints, pipelined *chunk* at a time; returns how many were new."""
+        self.generation()
+        new = 0
+        remaining = iter(fingerprints)
+        while batch := list(itertools.islice(remaining, chunk)):
+            current, previous, expire_at = self.generations.keys(self.base)
+            pipe = self.generations.server.pipeline(transaction=False)
+            for fingerprint in batch:
+                self._claim_into(fingerprint, current, previous, expire_at, client=pipe)
+            new += sum(pipe.execute())
+        return new

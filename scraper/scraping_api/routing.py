@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..config import ConfigError
+from ..config import ConfigError, domain_entries
 
 ROUTES = ("always", "never", "on_block")
 
@@ -22,18 +22,7 @@ DEFAULT_BLOCK_PATTERN = (
 
 
 def parse_routing(value: object, name: str = "SCRAPING_API_ROUTING") -> dict[str, str]:
-    if isinstance(value, dict):
-        pairs = list(value.items())
-    else:
-        pairs = []
-        for part in str(value or "").replace(";", ",").split(","):
-            part = part.strip()
-            if not part:
-                continue
-            domain, sep, route = part.partition("=")
-            if not sep:
-                raise ConfigError(f"{name}: expected domain=route, got {part!r}")
-            pairs.append((domain, route))
+    pairs = domain_entries(value, name, "domain=route", separators=",;")
     rules: dict[str, str] = {}
     for domain, route in pairs:
         domain, route = str(domain).strip().lower().lstrip("."), str(route).strip().lower()
