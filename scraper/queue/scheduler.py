@@ -27,8 +27,6 @@ import logging
 import time
 from typing import Any
 
-import redis
-
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
@@ -42,8 +40,6 @@ from .leases import Leases, lease_abandoned
 from .queues import LEASE_META, RequestSerializationError
 
 logger = logging.getLogger(__name__)
-
-REDIS_DOWN = UNREACHABLE
 
 
 class SharedScheduler(Scheduler):
@@ -153,7 +149,7 @@ class SharedScheduler(Scheduler):
             self.leases.renew()
             self._reap()
             self._wake_engine()
-        except REDIS_DOWN as exc:  # the next tick tries again; leases outlive a blip
+        except UNREACHABLE as exc:  # the next tick tries again; leases outlive a blip
             self._redis_down(exc)
         except Exception as exc:
             logger.warning("Could not tend the request leases: %s", exc)
@@ -184,24 +180,27 @@ class SharedScheduler(Scheduler):
             self._lease_loop.stop()
         try:
             self._close(reason)
-        except REDIS_DOWN as exc:
-            # Nothing is acknowledged that is not safe: leases left behind expire and their
-            # requests are fetched again by the next node or run.
-            logger.error("Redis unreachable while closing (%s): %d requests not queued; the leases of "
-                         "the pages that produced them expire and those pages are fetched again",
-                         type(exc).__name__, self.queue.staged_count())
+        except UNREACHABLE as exc:
+            self._closed_without_redis(type(exc).__name__)
         self.df.close(reason)
 
+    def _closed_without_redis(self, why: str) -> None:
+        # Nothing unsafe was acknowledged: the leases left behind expire, and their requests
+        # are fetched again by another node or the next run.
+        logger.error("Redis unreachable while closing (%s): %d requests not queued; the leases of "
+                     "the pages that produced them expire and those pages are fetched again",
+                     why, self.queue.staged_count())
+
     def _close(self, reason: str) -> None:
-        flushed = self.flush_staged()
+        if not self.flush_staged():
+            self._closed_without_redis("the staged requests could not be sent")
+            return
         returned = self.queue.return_prefetched()
         if returned:
             logger.info("Returned %d prefetched requests to the shared queue", returned)
-        if self.leases is not None and flushed:
+        if self.leases is not None:
             # The engine has drained: everything this node still holds is done.
             self.leases.ack(set(self.leases.mine))
-        if not flushed:
-            raise redis.ConnectionError("the staged requests could not be sent")
         finished = reason == "finished"
         run_keys = keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
         outcome = self.nodes.leave(self.queue.key, finished, run_keys,
@@ -261,7 +260,7 @@ class SharedScheduler(Scheduler):
         self._flush_call = None
         try:
             queued, filtered = self.queue.flush_staged()
-        except REDIS_DOWN as exc:
+        except UNREACHABLE as exc:
             self._redis_down(exc)
             return False
         if queued:
@@ -286,7 +285,7 @@ class SharedScheduler(Scheduler):
             self.nodes.beat()
             self.flush_staged()
             request = self.queue.pop()
-        except REDIS_DOWN as exc:
+        except UNREACHABLE as exc:
             self._redis_down(exc)
             return None
         if request is not None:
@@ -301,6 +300,6 @@ class SharedScheduler(Scheduler):
                 return True
             # Another worker's leases: if it dies, its requests come back here.
             return self.leases is not None and self.leases.outstanding_elsewhere() > 0
-        except REDIS_DOWN as exc:
+        except UNREACHABLE as exc:
             self._redis_down(exc)
             return True  # unknown: a crawl is not finished because Redis is away
