@@ -123,9 +123,11 @@ def test_a_worker_killed_while_writing_a_batch(clean) -> None:
         blocker = psycopg2.connect(clean.database_url)
         with blocker.cursor() as cur:
             cur.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            # The victim itself is blocked inside its upsert (its connection is named after its pid).
             waiting = wait_for(lambda: clean.query(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'scraper' "
-                "AND wait_event_type = 'Lock' AND datname = current_database()")[0][0], timeout=30, step=0.05)
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                f"'scraper:%:{workers[0].proc.pid}' AND wait_event_type = 'Lock' "
+                "AND datname = current_database()")[0][0], timeout=30, step=0.05)
             workers[0].proc.send_signal(signal.SIGKILL)
         blocker.rollback()
         blocker.close()

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import socket
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -256,7 +258,9 @@ class PostgresWriter:
 
     # --- the worker thread --------------------------------------------------------------------
     def _connect(self) -> Any:
-        conn = psycopg2.connect(self.dsn, connect_timeout=10, application_name="scraper")
+        # Named like the Redis connections: pg_stat_activity tells which process holds what.
+        name = f"scraper:{socket.gethostname()}:{os.getpid()}"[:63]
+        conn = psycopg2.connect(self.dsn, connect_timeout=10, application_name=name)
         conn.autocommit = False
         return conn
 
