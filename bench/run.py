@@ -226,6 +226,7 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> d
         # A redelivered request is leased again under the same id, with a new deadline.
         deadlines = {lease_id: server.zscore("demo:lease_deadlines", lease_id) for lease_id in held}
         fetched = site_counts(url)
+        paths = ["/" + u.split("/", 3)[3] for u in held.values()]
         successor = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         requeued = refetched = None
         while refetched is None and time.monotonic() - killed < lease + 120:
@@ -233,7 +234,6 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> d
             if requeued is None and any(server.zscore("demo:lease_deadlines", i) != d for i, d in deadlines.items()):
                 requeued = time.monotonic() - killed
             counts = site_counts(url)
-            paths = ["/" + u.split("/", 3)[3] for u in held.values()]
             if requeued is not None and all(counts.get(p, 0) > fetched.get(p, 0) for p in paths):
                 refetched = time.monotonic() - killed
         successor.wait(timeout=300)
