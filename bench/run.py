@@ -84,9 +84,9 @@ def start_site(products: int, delay_ms: int = 0) -> tuple[subprocess.Popen, str]
 def start_standin(key: str, delay_ms: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scraper.scraping_api.standin", "--port", str(port), "--key", key,
-         "--delay-ms", str(delay_ms)],
+        [sys.executable, "-m", "scraper.scraping_api.standin", "--port", str(port), "--delay-ms", str(delay_ms)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "SCRAPING_API_STANDIN_KEY": key},  # never on the command line: ps shows it
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):

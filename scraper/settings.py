@@ -46,11 +46,19 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCRAPING_API_KEY``        Key of the scraping API; unset, pages are fetched directly. Never logged.
 ``SCRAPING_API_URL``        Base URL of the scraping API; unset, the provider's own.
 ``SCRAPING_API_PROVIDER``   alterlab (default), scrapingbee or zyte.
-``SCRAPING_API_BUDGET``     Credits one crawl process may spend (0: no budget).
+``SCRAPING_API_BUDGET``     What one crawl process may spend, in the provider's billing unit
+                            (AlterLab: microcents, 1,000,000 = $1; ScrapingBee: credits; Zyte:
+                            requests); 0: no budget.
 ``SCRAPING_API_ROUTING``    Per-domain route, e.g. ``shop.test=on_block,cdn.test=never``;
                             ``SCRAPING_API_DEFAULT_ROUTE`` for the rest (always).
 ``SCRAPING_API_OPTIONS``    JSON options for the API (``{"render_js": true}``); a spider's
                             ``scraping_api`` dict and ``request.meta["scraping_api"]`` override.
+                            An option the provider does not document fails at start.
+``SCRAPING_API_BLOCKED_RETRIES``  Retries of a page the API reports blocked by the target (2),
+                            each with the next step of ``SCRAPING_API_BLOCKED_ESCALATION``
+                            (JSON list of options, default ``[{"render_js": true}]``); then the
+                            page is a dead letter. A block never stops the crawl.
+``SCRAPING_API_ROBOTSTXT``  ``direct`` (default: robots.txt is fetched without the API) or ``api``.
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
@@ -171,8 +179,12 @@ SCRAPING_API_JOB_TIMEOUT = _env("SCRAPING_API_JOB_TIMEOUT", "600")
 SCRAPING_API_BLOCK_STATUSES = _env("SCRAPING_API_BLOCK_STATUSES", "403,429")
 SCRAPING_API_BLOCK_PATTERN = _env("SCRAPING_API_BLOCK_PATTERN")  # default: common captcha markers
 SCRAPING_API_OPTIONS = _env("SCRAPING_API_OPTIONS", "{}")  # JSON, e.g. {"render_js": true}
+SCRAPING_API_BLOCKED_RETRIES = _env("SCRAPING_API_BLOCKED_RETRIES", "2")
+SCRAPING_API_BLOCKED_ESCALATION = _env("SCRAPING_API_BLOCKED_ESCALATION", '[{"render_js": true}]')
+SCRAPING_API_ROBOTSTXT = _env("SCRAPING_API_ROBOTSTXT", "direct")  # direct | api
 # After the cookies middleware (700), so the target's cookies are forwarded; after offsite (50),
-# retry (550) and redirect (600).
+# retry (550) and redirect (600). Its API calls are sent by a private client, never through
+# the downloader: no other component ever sees them.
 DOWNLOADER_MIDDLEWARES = {
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
     # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a

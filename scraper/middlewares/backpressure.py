@@ -19,7 +19,6 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
-from ..scraping_api.middleware import API_CALL
 from .requeue import requeue
 
 logger = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ class StoreBackpressureMiddleware:
     async def process_request(self, request: Request) -> None:
         # Only a crawl that stores items has a writer (the store pipeline creates it).
         writer = getattr(self.crawler, "_postgres_writer", None)
-        if writer is None or request.meta.get(API_CALL) or not writer.over_limit():
+        if writer is None or not writer.over_limit():
             return None
         stats = self.crawler.stats
         if not self._holding:

@@ -4,7 +4,9 @@ Two components, because failures surface in two places:
 
 * ``DeadLetterDownloaderMiddleware`` (downloader, just outside Scrapy's RetryMiddleware): a
   download that still fails, or still answers a retryable status, once RetryMiddleware has
-  given up;
+  given up; a failure RetryMiddleware does not retry at all (not in ``RETRY_EXCEPTIONS``) at
+  once; an exception that names its own reason (``dead_letter_reason``, e.g. the scraping API's
+  ``api:403:BLOCKED_BY_ANTIBOT``) at once, with that reason;
 * ``DeadLetterSpiderMiddleware`` (spider): a callback that raises is tried again
   ``DLQ_CALLBACK_RETRIES`` times (1), then set aside. Nothing is retried in a hot loop.
 """
@@ -12,12 +14,14 @@ Two components, because failures surface in two places:
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
+from scrapy.utils.misc import load_object
 
 from ..config import get_int
 from ..queue.dead_letters import DeadLetters
@@ -27,6 +31,7 @@ from ..redis_client import UNREACHABLE, get_redis
 logger = logging.getLogger(__name__)
 
 ATTEMPTS_META = "callback_attempts"
+REASON_CLASS = re.compile(r"[\s:]")
 
 
 def _dead_letters(crawler: Any) -> DeadLetters:
@@ -38,7 +43,8 @@ def _dead_letters(crawler: Any) -> DeadLetters:
 
 
 def bury(crawler: Any, request: Request, reason: str, attempts: int) -> None:
-    """Make *request* a dead letter, counted as ``dead_letters/<first word of reason>``.
+    """Make *request* a dead letter, counted as ``dead_letters/<reason's first word>`` (``api``
+    for ``api:403:BLOCKED_BY_ANTIBOT``).
 
     If Redis is unreachable the request is not lost: its lease is abandoned, so that it is
     delivered again (and fails again, or not) once Redis is back."""
@@ -50,7 +56,7 @@ def bury(crawler: Any, request: Request, reason: str, attempts: int) -> None:
                        "letter now", type(exc).__name__, request.url, reason)
         return
     crawler.stats.inc_value("dead_letters/count")
-    crawler.stats.inc_value(f"dead_letters/{reason.split()[0].rstrip(':')}")
+    crawler.stats.inc_value(f"dead_letters/{REASON_CLASS.split(reason, maxsplit=1)[0]}")
     logger.warning("Dead letter: %s (%s after %d attempts)", request.url, reason, attempts)
 
 
@@ -61,6 +67,9 @@ class DeadLetterDownloaderMiddleware:
         self.max_retries = settings.getint("RETRY_TIMES")
         self.retry_codes = {int(c) for c in settings.getlist("RETRY_HTTP_CODES")}
         self.retry_enabled = settings.getbool("RETRY_ENABLED")
+        self.retry_exceptions = tuple(
+            load_object(x) if isinstance(x, str) else x for x in settings.getlist("RETRY_EXCEPTIONS")
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "DeadLetterDownloaderMiddleware":
@@ -80,7 +89,13 @@ class DeadLetterDownloaderMiddleware:
     def process_exception(self, request: Request, exception: Exception) -> None:
         if isinstance(exception, IgnoreRequest):
             return None  # dropped on purpose (robots.txt, offsite, a stopping crawl), not failed
-        if self._gave_up(request):
+        reason = getattr(exception, "dead_letter_reason", None)
+        if reason:
+            # A failure that explains itself: one line, not Scrapy's "Error downloading" traceback.
+            logger.warning("%s", exception)
+            self._bury(request, str(reason))
+            raise IgnoreRequest(f"dead letter ({reason}): {exception}")
+        elif self._gave_up(request) or not isinstance(exception, self.retry_exceptions):
             self._bury(request, f"download {type(exception).__name__}")
 
     def _bury(self, request: Request, reason: str) -> None:

@@ -38,7 +38,6 @@ from twisted.internet.defer import Deferred, DeferredLock, DeferredList
 from twisted.internet.task import LoopingCall, deferLater
 
 from ..redis_client import get_redis
-from ..scraping_api.middleware import API_CALL
 from ..secrets import redact
 from .limiter import Limiter
 from .limits import DomainLimit, Policy, read_policy
@@ -104,8 +103,7 @@ class PolitenessMiddleware:
     async def process_request(self, request: Request) -> None:
         self._release(request)  # a copy still holding a slot: a later middleware re-issued it
         url = urlparse_cached(request)
-        # The scraping API's own calls: their target request already waited here.
-        if request.meta.get(API_CALL) or url.scheme not in ("http", "https"):
+        if url.scheme not in ("http", "https"):
             return None
         limit = self.policy.for_host(url.hostname or "")
         if not limit.active:

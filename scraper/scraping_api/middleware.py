@@ -5,19 +5,20 @@ How a request travels (``SCRAPING_API_*`` settings, documented in ``scraper/sett
 1. The spider's request is scheduled as usual (the shared queue and the seen-set only ever see
    the target URL) and reaches this middleware's ``process_request``.
 2. For a domain routed to the API, the middleware builds the API call (provider-specific, with
-   the key in its header) and sends it through Scrapy's downloader itself, with
-   ``meta["download_slot"]`` set to the target's slot: per-domain concurrency, ``DOWNLOAD_DELAY``,
-   AutoThrottle and ``DOWNLOAD_TIMEOUT`` apply to it as to a direct fetch. The API call is never
-   handed back to the engine, so it never reaches the scheduler, the Redis queue or a log line
-   with its headers. (A Request *returned* from ``process_request`` would be: Scrapy schedules it.)
-3. Retries of 429/5xx/timeouts (honouring ``Retry-After``), polling of ``202`` jobs and the
-   resubmission of expired jobs happen inside the same coroutine, with reactor timers, never a
-   blocking sleep, bounded by ``SCRAPING_API_MAX_RETRIES``.
-4. The result becomes an ordinary Response for the target URL (target status, headers and body),
-   flagged ``scraping_api``: Scrapy's RetryMiddleware, HttpError and the spider treat a target
-   4xx/5xx as they would a direct one.
+   the key in a header) and sends it with its own private client (:mod:`.client`). The API call
+   is never a Scrapy request: no other middleware, signal, extension, queue, dead letter, cache,
+   archive or log line ever holds it. The target slot's concurrency and ``DOWNLOAD_DELAY`` are
+   applied here.
+3. Retries of 429/5xx/timeouts (honouring ``Retry-After``), retries of a blocked target with
+   escalated options, polling of ``202`` jobs and the resubmission of failed or expired jobs
+   happen inside the same coroutine, with reactor timers, never a blocking sleep.
+4. The result becomes an ordinary Response for the target (status, headers, body, and the URL
+   the target ended at), flagged ``scraping_api``: Scrapy's RetryMiddleware, HttpError and the
+   spider treat a target 4xx/5xx as they would a direct one.
+5. An API call that fails for good raises :class:`ScrapingApiError` for the *target* request;
+   the dead-letter middleware sets the target aside with the reason ``api:<status>:<code>``.
 
-401/403 from the API close the spider with ``scraping_api_auth``, 402 with
+A refused key closes the spider with ``scraping_api_auth``, an empty balance with
 ``scraping_api_credits``, an exhausted budget with ``scraping_api_budget``; the request in hand
 is put back into the shared queue first, so nothing is lost and the next run resumes.
 """
@@ -43,7 +44,11 @@ from ..config import ConfigError, get_choice, get_float, get_int
 from ..middlewares.requeue import requeue
 from ..secrets import install_log_redaction, redact, register_secret
 from .budget import Budget
-from .providers import PROVIDERS, ApiCall, ApiError, Expired, Job, Provider, Result, Target
+from .client import ApiClient, TransportError, is_usable
+from .providers import (
+    AUTH, BLOCKED, CREDITS, FATAL, PROVIDERS, ApiCall, ApiError, Expired, Failed, Job, OptionError,
+    Provider, Result, Target,
+)
 from .routing import (
     DEFAULT_BLOCK_PATTERN,
     ROUTES,
@@ -55,10 +60,10 @@ from .routing import (
 
 logger = logging.getLogger(__name__)
 
-#: meta key marking the middleware's own API calls (they pass through the downloader again).
-API_CALL = "_scraping_api_call"
 #: meta key of per-request options; ``False`` fetches this request directly.
 OPTIONS_META = "scraping_api"
+#: meta key where the API's structured extraction (``extraction_result``) is handed to the spider.
+EXTRACTION_META = "scraping_api_extraction"
 FLAG = "scraping_api"
 
 STOP_AUTH = "scraping_api_auth"
@@ -68,10 +73,35 @@ STOP_BUDGET = "scraping_api_budget"
 # Request headers worth forwarding to the target by default; the API picks its own user agent
 # and accept headers. More with the ``forward_headers`` option, or ``headers`` verbatim.
 FORWARDED_HEADERS = ("Cookie", "Content-Type", "Authorization")
+# Options of our own that are not sent to the API as they are.
+OWN_OPTIONS = frozenset({"forward_headers", "headers"})
+DEFAULT_ESCALATION = ({"render_js": True},)
+REPLACEMENT_CHAR = "\ufffd".encode("utf-8")
 
 
 class ScrapingApiError(Exception):
-    """The API could not deliver the page. The message never holds the key."""
+    """The API could not deliver the page, for good. The target request becomes a dead letter
+    with ``dead_letter_reason`` (``api:<status>:<code>``). The message never holds the key."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.dead_letter_reason = reason
+
+
+def _json_setting(settings: Any, name: str, default: Any, kind: type) -> Any:
+    value = settings.get(name)
+    if value in (None, ""):
+        return default
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"{name}: expected JSON ({kind.__name__}), got {value!r}") from None
+    if not isinstance(value, kind):
+        raise ConfigError(f"{name}: expected a JSON {kind.__name__}, got {value!r}")
+    return value
 
 
 def get_settings(settings: Any) -> dict[str, Any]:
@@ -80,12 +110,19 @@ def get_settings(settings: Any) -> dict[str, Any]:
     base_url = str(settings.get("SCRAPING_API_URL") or PROVIDERS[provider].default_url).strip()
     if urlsplit(base_url).scheme not in ("http", "https") or not urlsplit(base_url).hostname:
         raise ConfigError(f"SCRAPING_API_URL: expected an http(s) URL, got {redact(base_url)!r}")
-    options = settings.get("SCRAPING_API_OPTIONS") or {}
-    if not isinstance(options, dict):
+    options = _json_setting(settings, "SCRAPING_API_OPTIONS", {}, dict)
+    try:
+        PROVIDERS[provider]("", base_url).check_options(options)
+    except OptionError as exc:
+        raise ConfigError(f"SCRAPING_API_OPTIONS: {exc}") from None
+    escalation = _json_setting(settings, "SCRAPING_API_BLOCKED_ESCALATION", list(DEFAULT_ESCALATION), list)
+    for step in escalation:
+        if not isinstance(step, dict):
+            raise ConfigError(f"SCRAPING_API_BLOCKED_ESCALATION: expected a list of option objects, got {step!r}")
         try:
-            options = settings.getdict("SCRAPING_API_OPTIONS")
-        except ValueError:
-            raise ConfigError(f"SCRAPING_API_OPTIONS: expected a JSON object, got {options!r}") from None
+            PROVIDERS[provider]("", base_url).check_options(step)
+        except OptionError as exc:
+            raise ConfigError(f"SCRAPING_API_BLOCKED_ESCALATION: {exc}") from None
     return {
         "key": str(settings.get("SCRAPING_API_KEY") or "").strip(),
         "provider": provider,
@@ -93,12 +130,18 @@ def get_settings(settings: Any) -> dict[str, Any]:
         "budget": get_float(settings, "SCRAPING_API_BUDGET", 0.0, minimum=0),
         "routing": parse_routing(settings.get("SCRAPING_API_ROUTING") or ""),
         "default_route": get_choice(settings, "SCRAPING_API_DEFAULT_ROUTE", "always", ROUTES),
+        "robotstxt": get_choice(settings, "SCRAPING_API_ROBOTSTXT", "direct", ("direct", "api")),
         "max_retries": get_int(settings, "SCRAPING_API_MAX_RETRIES", 5, minimum=0),
+        "blocked_retries": get_int(settings, "SCRAPING_API_BLOCKED_RETRIES", 2, minimum=0),
+        "escalation": [dict(step) for step in escalation],
         "retry_backoff": get_float(settings, "SCRAPING_API_RETRY_BACKOFF", 1.0, minimum=0),
         "retry_max_delay": get_float(settings, "SCRAPING_API_RETRY_MAX_DELAY", 60.0, minimum=0),
         "poll_interval": get_float(settings, "SCRAPING_API_POLL_INTERVAL", 1.0, minimum=0.01),
         "poll_max_interval": get_float(settings, "SCRAPING_API_POLL_MAX_INTERVAL", 10.0, minimum=0.01),
         "job_timeout": get_float(settings, "SCRAPING_API_JOB_TIMEOUT", 600.0, minimum=0.1),
+        "download_timeout": get_float(settings, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.001),
+        "download_delay": get_float(settings, "DOWNLOAD_DELAY", 0.0, minimum=0),
+        "max_size": get_int(settings, "DOWNLOAD_MAXSIZE", 0, minimum=0),
         "block_statuses": parse_statuses(settings.get("SCRAPING_API_BLOCK_STATUSES", "403,429")),
         "block_pattern": compile_pattern(settings.get("SCRAPING_API_BLOCK_PATTERN", DEFAULT_BLOCK_PATTERN)),
         "options": dict(options),
@@ -114,16 +157,30 @@ def merge_options(*layers: Any) -> dict[str, Any]:
     return options
 
 
+def server_timeout(client_timeout: float) -> float:
+    """The timeout the API is asked to keep: below ours, so the API gives up (and, for most
+    providers, does not bill) before we cut the call and pay for a retry."""
+    return max(1.0, client_timeout - max(2.0, client_timeout * 0.1))
+
+
 class ScrapingApiMiddleware:
     def __init__(self, crawler: Any, conf: dict[str, Any]) -> None:
         self.crawler = crawler
         self.provider: Provider = PROVIDERS[conf["provider"]](conf["key"], conf["base_url"])
         self.conf = conf
         self.budget = Budget(conf["budget"])
+        self.client = ApiClient(
+            max_connections=max(1, crawler.settings.getint("CONCURRENT_REQUESTS", 16)),
+            max_size=conf["max_size"],
+            user_agent=f"scraper/{self.provider.name}",
+        )
         self.escalated: set[str] = set()
+        self.damaged_hosts: set[str] = set()
         self.stopping: str | None = None
         self._sleepers: set[Any] = set()
         self._limits: dict[str, DeferredSemaphore] = {}
+        self._next_start: dict[str, float] = {}
+        self._wrong_url_logged = False
         self.stats = crawler.stats
 
     @classmethod
@@ -131,6 +188,9 @@ class ScrapingApiMiddleware:
         conf = get_settings(crawler.settings)
         if not conf["key"]:
             raise NotConfigured("SCRAPING_API_KEY is not set: fetching directly")
+        if not is_usable():
+            raise ConfigError("SCRAPING_API_KEY: the scraping-API client needs Scrapy's asyncio reactor "
+                              "(TWISTED_REACTOR = twisted.internet.asyncioreactor.AsyncioSelectorReactor)")
         install_log_redaction()
         register_secret(conf["key"])
         mw = cls(crawler, conf)
@@ -144,24 +204,33 @@ class ScrapingApiMiddleware:
     # -- signals -----------------------------------------------------------------------------
 
     def spider_opened(self, spider: Any) -> None:
+        spider_options = getattr(spider, "scraping_api", None)
+        if isinstance(spider_options, dict):
+            try:
+                self.provider.check_options(spider_options)
+            except OptionError as exc:
+                logger.error("%s.scraping_api: %s: closing the spider", type(spider).__name__, exc)
+                deferred_from_coro(self.crawler.engine.close_spider_async(reason="scraping_api_options"))
         if self.budget.limit:
             self.stats.set_value("scraping_api/budget", self.budget.limit)
         routing = ", ".join(f"{d}={r}" for d, r in self.conf["routing"].items()) or "none"
         logger.info(
-            "Fetching through the %s API at %s (default route %s; per-domain routes: %s; budget: %s)",
+            "Fetching through the %s API at %s (default route %s; per-domain routes: %s; budget: %s %s; "
+            "robots.txt: %s)",
             self.provider.name, self.provider.base_url, self.conf["default_route"], routing,
-            self.budget.limit or "none",
+            self.budget.limit or "none", self.provider.unit, self.conf["robotstxt"],
         )
 
-    def spider_closed(self, spider: Any, reason: str) -> None:
+    async def spider_closed(self, spider: Any, reason: str) -> None:
         if not self.stopping:
             self.stopping = reason or "closed"
         self._wake_sleepers()
+        await self.client.close()
 
     # -- the two hooks -----------------------------------------------------------------------
 
     async def process_request(self, request: Request) -> Response | None:
-        if request.meta.get(API_CALL) or not self._routable(request):
+        if not self._routable(request):
             return None
         route = self._route(request)
         if route == "never" or (route == "on_block" and self._host(request) not in self.escalated):
@@ -169,7 +238,7 @@ class ScrapingApiMiddleware:
         return await self._fetch(request)
 
     async def process_response(self, request: Request, response: Response) -> Response:
-        if request.meta.get(API_CALL) or FLAG in response.flags or not self._routable(request):
+        if FLAG in response.flags or not self._routable(request):
             return response
         if self._route(request) != "on_block" or not self._blocked(response):
             return response
@@ -188,9 +257,14 @@ class ScrapingApiMiddleware:
     def _host(request: Request) -> str:
         return (urlparse_cached(request).hostname or "").lower()
 
-    @staticmethod
-    def _routable(request: Request) -> bool:
-        return urlparse_cached(request).scheme in ("http", "https") and request.meta.get(OPTIONS_META) is not False
+    def _routable(self, request: Request) -> bool:
+        url = urlparse_cached(request)
+        if url.scheme not in ("http", "https") or request.meta.get(OPTIONS_META) is False:
+            return False
+        # robots.txt is the site's own rule file: fetching it through the API would cost a page
+        # (five with render_js) and tell the API's crawler, not ours, what it may fetch.
+        return not (self.conf["robotstxt"] == "direct" and url.path == "/robots.txt"
+                    and request.meta.get("dont_obey_robotstxt"))
 
     def _route(self, request: Request) -> str:
         return route_for(self._host(request), self.conf["routing"], self.conf["default_route"])
@@ -209,13 +283,17 @@ class ScrapingApiMiddleware:
 
     async def _fetch(self, request: Request) -> Response:
         options = self._options(request)
+        try:
+            self.provider.check_options(options)
+        except OptionError as exc:
+            raise ScrapingApiError("api:options", f"{request.url}: {exc}") from None
         estimate = self.budget.estimate(self.provider.estimate(options))
         self._raise_if_stopping(request)
         if not self.budget.try_reserve(estimate):
             logger.info(
-                "Scraping-API budget reached: %.1f credits spent, %.1f reserved by requests in flight, "
+                "Scraping-API budget reached: %.1f %s spent, %.1f reserved by requests in flight, "
                 "next request estimated at %.1f, budget %.1f",
-                self.budget.spent, self.budget.reserved, estimate, self.budget.limit,
+                self.budget.spent, self.provider.unit, self.budget.reserved, estimate, self.budget.limit,
             )
             self._stop(STOP_BUDGET, request)
         started = time.monotonic()
@@ -230,131 +308,150 @@ class ScrapingApiMiddleware:
     async def _fetch_result(self, request: Request, options: dict[str, Any]) -> Result:
         target = Target(request.url, request.method, self._forwarded_headers(request, options), request.body)
         slot = self.crawler.engine.downloader.get_slot_key(request)
-        retries = 0
-        resubmits = 0
+        timeout = float(request.meta.get("download_timeout") or self.conf["download_timeout"])
+        sent = {k: v for k, v in options.items() if k not in OWN_OPTIONS}
+        retries = resubmits = blocked = 0
         while True:
             self._raise_if_stopping(request)
-            outcome = await self._call(self.provider.build_request(target, options), slot, request)
+            try:
+                call = self.provider.build_request(target, sent, server_timeout(timeout))
+            except OptionError as exc:
+                raise ScrapingApiError("api:options", f"{request.url}: {exc}") from None
+            outcome = await self._call(call, slot, request, timeout)
             if isinstance(outcome, Job):
                 self.stats.inc_value("scraping_api/jobs")
-                outcome = await self._wait_for_job(outcome, request)
-                if isinstance(outcome, Expired):
-                    resubmits += 1
-                    self.stats.inc_value("scraping_api/jobs_expired")
-                    if resubmits > self.conf["max_retries"]:
-                        raise ScrapingApiError(f"job for {request.url} expired {resubmits} times")
-                    logger.info("Job for %s expired before its result was fetched: resubmitting", request.url)
-                    continue
+                outcome = await self._wait_for_job(outcome, request, timeout)
+            if isinstance(outcome, (Expired, Failed)):
+                what = "expired" if isinstance(outcome, Expired) else "failed"
+                resubmits += 1
+                self.stats.inc_value(f"scraping_api/jobs_{what}")
+                if resubmits > self.conf["max_retries"]:
+                    self.stats.inc_value("scraping_api/failed")
+                    raise ScrapingApiError(f"api:job:{what}", f"the job for {request.url} {what} {resubmits} times")
+                logger.info("The API's job for %s %s%s: submitting it again", request.url, what,
+                            f" ({outcome.detail})" if isinstance(outcome, Failed) else "")
+                continue
             if isinstance(outcome, Result):
                 self._count_credits(request, outcome.credits)
                 return outcome
             assert isinstance(outcome, ApiError)
+            if outcome.kind == BLOCKED:
+                blocked += 1
+                if blocked > self.conf["blocked_retries"]:
+                    self._fail(outcome, request, blocked)
+                sent = self._escalate(sent, blocked)
+                self.stats.inc_value("scraping_api/blocked_retries")
+                logger.info("The API says %s blocked it (%s %s): retry %d/%d with %s", request.url,
+                            outcome.status, outcome.code, blocked, self.conf["blocked_retries"],
+                            self.conf["escalation"][min(blocked, len(self.conf["escalation"])) - 1]
+                            if self.conf["escalation"] else "the same options")
+                continue
             delay = self._on_error(outcome, request, retries)
             retries += 1
             await self._sleep(delay)
 
-    async def _wait_for_job(self, job: Job, request: Request) -> Result | Expired | ApiError:
+    def _escalate(self, options: dict[str, Any], step: int) -> dict[str, Any]:
+        """Options for blocked retry number *step*: the escalation steps so far, applied in order."""
+        escalated = dict(options)
+        for layer in self.conf["escalation"][:step]:
+            escalated.update(layer)
+        return escalated
+
+    async def _wait_for_job(self, job: Job, request: Request, timeout: float) -> Result | Expired | Failed | ApiError:
         interval = self.conf["poll_interval"]
         delay = job.retry_after if job.retry_after is not None else interval
         waited = 0.0
         errors = 0
         while True:
             if waited > self.conf["job_timeout"]:
-                raise ScrapingApiError(f"job for {request.url} not done after {waited:.0f} s")
+                self.stats.inc_value("scraping_api/failed")
+                raise ScrapingApiError("api:job:timeout", f"the job for {request.url} was not done after {waited:.0f} s")
             await self._sleep(delay)
             waited += delay
             self._raise_if_stopping(request)
             self.stats.inc_value("scraping_api/polls")
             call = self.provider.poll_request(job.job_id)
-            outcome = await self._call(call, f"scraping_api:{urlsplit(call.url).netloc}", request, job.job_id)
+            outcome = await self._call(call, f"scraping_api:{urlsplit(call.url).netloc}", request, timeout, job.job_id)
             if isinstance(outcome, Job):
                 interval = min(interval * 1.5, self.conf["poll_max_interval"])
                 delay = outcome.retry_after if outcome.retry_after is not None else interval
                 continue
-            if isinstance(outcome, ApiError) and outcome.retryable:
+            if isinstance(outcome, ApiError) and outcome.retryable and outcome.kind != BLOCKED:
                 delay = self._on_error(outcome, request, errors)
                 errors += 1
                 continue
             return outcome
 
-    async def _call(self, call: ApiCall, slot: str, request: Request, job_id: str | None = None) -> Any:
-        """Send one API call through the downloader; an exception becomes a retryable ApiError."""
-        api_request = Request(
-            call.url,
-            method=call.method,
-            headers=call.headers,
-            body=call.body,
-            dont_filter=True,
-            priority=request.priority,
-            meta={
-                API_CALL: True,
-                "download_slot": slot,
-                "dont_retry": True,
-                "dont_redirect": True,
-                "dont_merge_cookies": True,
-                "dont_obey_robotstxt": True,
-                "dont_cache": True,
-                "allow_offsite": True,
-                "handle_httpstatus_all": True,
-            },
-        )
+    async def _call(self, call: ApiCall, slot: str, request: Request, timeout: float,
+                    job_id: str | None = None) -> Any:
+        """Send one API call with the private client; no answer becomes a retryable ApiError."""
         self.stats.inc_value("scraping_api/requests")
         try:
-            async with self._slot_limit(slot):
-                response = await maybe_deferred_to_future(self.crawler.engine.downloader.fetch(api_request))
-        except Exception as exc:  # timeouts, refused connections, DNS: the API did not answer
-            self.stats.inc_value(f"scraping_api/errors/{type(exc).__name__}")
-            return ApiError(599, f"{type(exc).__name__}: {redact(str(exc))[:300]}")
-        if not isinstance(response, Response):
-            return ApiError(599, "the downloader returned a request instead of the API's answer")
-        self.stats.inc_value(f"scraping_api/response_status_count/{response.status}")
+            async with self._slot_limit(slot, polling=job_id is not None):
+                answer = await self.client.send(call, timeout)
+        except TransportError as exc:
+            self.stats.inc_value(f"scraping_api/errors/{exc.kind}")
+            return ApiError(599, f"{exc.kind}: {exc}", code=exc.kind)
+        self.stats.inc_value(f"scraping_api/response_status_count/{answer.status}")
         if job_id is not None:
-            return self.provider.parse_poll(response.status, response.headers, response.body, job_id)
-        return self.provider.parse_response(response.status, response.headers, response.body)
+            return self.provider.parse_poll(answer.status, answer.headers, answer.body, job_id)
+        outcome = self.provider.parse_response(answer.status, answer.headers, answer.body)
+        if isinstance(outcome, ApiError) and outcome.status == 404 and not self._wrong_url_logged:
+            self._wrong_url_logged = True
+            logger.error("The scraping API answered 404 at %s: is SCRAPING_API_URL right? It is the API's base "
+                         "URL, without a path (%s's is %s)", call.url, self.provider.name, self.provider.default_url)
+        return outcome
 
     @asynccontextmanager
-    async def _slot_limit(self, slot: str) -> AsyncIterator[None]:
-        """At most the slot's concurrency of API calls at once per target slot.
+    async def _slot_limit(self, slot: str, polling: bool = False) -> AsyncIterator[None]:
+        """At most the target slot's concurrency of API calls at once, spaced by its delay.
 
-        The downloader's slot should enforce this by itself, but with the asyncio reactor
-        Scrapy 2.19 starts queued downloads as tasks and counts them as transferring only once
-        they run, so a burst of requests queued in one tick all start together (measured: 13 at
-        once with CONCURRENT_REQUESTS_PER_DOMAIN=3). Our calls queue up in bursts (every waiting
-        coroutine resumes at once), so the middleware holds them back itself.
-        """
+        API calls never enter Scrapy's downloader, so its slots do not hold them; the same
+        limits are applied here, per target slot. Polls only read a job's state: they are
+        limited but not delayed."""
         semaphore = self._limits.get(slot)
+        downloader = self.crawler.engine.downloader
+        per_slot = downloader.per_slot_settings.get(slot, {})
         if semaphore is None:
-            downloader = self.crawler.engine.downloader
-            concurrency = downloader.per_slot_settings.get(slot, {}).get(
-                "concurrency", downloader.ip_concurrency or downloader.domain_concurrency
-            )
+            concurrency = per_slot.get("concurrency", downloader.ip_concurrency or downloader.domain_concurrency)
             semaphore = self._limits[slot] = DeferredSemaphore(max(1, int(concurrency)))
         await maybe_deferred_to_future(semaphore.acquire())
         try:
+            delay = float(per_slot.get("delay", self.conf["download_delay"]))
+            if delay and not polling:
+                now = time.monotonic()
+                start = max(now, self._next_start.get(slot, 0.0))
+                # Scrapy's RANDOMIZE_DOWNLOAD_DELAY: 0.5x to 1.5x the delay.
+                self._next_start[slot] = start + delay * (0.5 + random.random())
+                await self._sleep(start - now)
             yield
         finally:
             semaphore.release()
 
+    def _fail(self, error: ApiError, request: Request, attempts: int) -> None:
+        self.stats.inc_value("scraping_api/failed")
+        self.stats.inc_value(f"scraping_api/failed/{error.status}")
+        raise ScrapingApiError(error.reason, f"the scraping API failed {attempts} time(s) for {request.url}: "
+                                             f"{error.status} {error.code} {error.detail}".rstrip())
+
     def _on_error(self, error: ApiError, request: Request, retries: int) -> float:
         """Stop the crawl, give up on this request, or return how long to wait before a retry."""
-        if error.status in (401, 403):
+        if error.kind == AUTH:
             logger.error("The scraping API refused the key (%s: %s): closing the spider", error.status, error.detail)
             self._stop(STOP_AUTH, request)
-        if error.status == 402:
-            logger.error("The scraping API has no credits left (402: %s): closing the spider", error.detail)
+        if error.kind == CREDITS:
+            logger.error("The scraping API has no credits left (%s: %s): closing the spider", error.status,
+                         error.detail)
             self._stop(STOP_CREDITS, request)
-        if not error.retryable:
-            self.stats.inc_value("scraping_api/failed")
-            raise ScrapingApiError(f"scraping API answered {error.status} for {request.url}: {error.detail}")
-        if retries >= self.conf["max_retries"]:
-            self.stats.inc_value("scraping_api/failed")
+        if error.kind == FATAL:
+            self._fail(error, request, retries + 1)
+        cap = self.provider.max_attempts(error)
+        if retries >= self.conf["max_retries"] or (cap is not None and retries + 1 >= cap):
             self.stats.inc_value("scraping_api/retries/max_reached")
-            raise ScrapingApiError(
-                f"scraping API failed {retries + 1} times for {request.url}; last: {error.status} {error.detail}"
-            )
-        backoff = self.conf["retry_backoff"] * (2 ** retries) * (0.5 + random.random() / 2)
-        delay = min(max(backoff, error.retry_after or 0.0), self.conf["retry_max_delay"])
-        if error.retry_after is not None and error.retry_after > self.conf["retry_max_delay"]:
+            self._fail(error, request, retries + 1)
+        backoff = self.provider.retry_delay(error, retries, self.conf["retry_backoff"])
+        delay = min(max(backoff, error.retry_after or 0.0), max(self.conf["retry_max_delay"], backoff))
+        if error.retry_after is not None and error.retry_after > delay:
             delay = error.retry_after  # never sooner than the API asked
         self.stats.inc_value("scraping_api/retries")
         self.stats.inc_value(f"scraping_api/retries/{error.status}")
@@ -386,9 +483,25 @@ class ScrapingApiMiddleware:
         for name, value in result.headers:
             headers.appendlist(name, value)
         url = result.url if urlsplit(result.url).scheme in ("http", "https") else request.url
+        if result.decoded and REPLACEMENT_CHAR in result.body:
+            self._damaged(request, result.body.count(REPLACEMENT_CHAR))
+        if result.extraction is not None:
+            request.meta[EXTRACTION_META] = result.extraction
         cls = responsetypes.from_args(headers=headers, url=url, body=result.body)
         return cls(url=url, status=result.status, headers=headers, body=result.body,
                    request=request, flags=[FLAG])
+
+    def _damaged(self, request: Request, count: int) -> None:
+        """A page the API decoded into replacement characters lost text (and maybe a currency
+        sign) before it reached us: say so, once per site, rather than store it silently."""
+        self.stats.inc_value("scraping_api/damaged_text")
+        host = self._host(request)
+        if host not in self.damaged_hosts:
+            self.damaged_hosts.add(host)
+            logger.warning("The %s API delivered %s with %d replacement characters (U+FFFD): it decoded the page "
+                           "with the wrong charset, and text is lost. Counted as scraping_api/damaged_text; "
+                           "pages of %s may need fetching directly (SCRAPING_API_ROUTING=%s=never)",
+                           self.provider.name, request.url, count, host, host)
 
     # -- stopping and waiting ----------------------------------------------------------------
 
