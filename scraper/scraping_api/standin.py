@@ -135,35 +135,42 @@ def _strip_tags(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"(?s)<[^>]+>", " ", html)).strip()
 
 
-def extract_schema_org(html: str, url: str) -> dict[str, Any]:
+def extract_product(html: str, url: str) -> dict[str, Any]:
     """The stand-in's deterministic extraction: the page's first schema.org Product (JSON-LD or
-    microdata), flattened to the fields a product profile returns."""
+    microdata), else what the page's own markup names (``h1``, ``itemprop`` or class ``sku``,
+    ``price``, ``brand``...), flattened to the fields a product profile returns."""
     import extruct
+    from parsel import Selector
 
     try:
         data = extruct.extract(html, base_url=url, syntaxes=["json-ld", "microdata"], uniform=True)
     except Exception:
-        return {}
+        data = {}
     for node in data.get("json-ld", []) + data.get("microdata", []):
-        nodes = node.get("@graph", [node]) if isinstance(node, dict) else []
-        for one in nodes:
+        for one in node.get("@graph", [node]) if isinstance(node, dict) else []:
             kind = one.get("@type")
-            kinds = kind if isinstance(kind, list) else [kind]
-            if "Product" not in kinds:
+            if "Product" not in (kind if isinstance(kind, list) else [kind]):
                 continue
             offers = one.get("offers") or {}
             if isinstance(offers, list):
                 offers = offers[0] if offers else {}
             brand = one.get("brand")
-            if isinstance(brand, dict):
-                brand = brand.get("name")
             return {
                 "name": one.get("name"), "sku": one.get("sku"), "description": one.get("description"),
-                "brand": brand, "price": offers.get("price") or offers.get("lowPrice"),
-                "currency": offers.get("priceCurrency"), "availability": offers.get("availability"),
-                "url": one.get("url") or url,
+                "brand": brand.get("name") if isinstance(brand, dict) else brand,
+                "price": offers.get("price") or offers.get("lowPrice"), "currency": offers.get("priceCurrency"),
+                "availability": offers.get("availability"), "url": one.get("url") or url,
             }
-    return {}
+    page = Selector(text=html)
+
+    def field(name: str) -> str | None:
+        text = page.css(f"[itemprop={name}] ::text, .{name} ::text").getall()
+        return " ".join(t.strip() for t in text if t.strip()) or None
+
+    name = field("name") or " ".join(page.css("h1 ::text").getall()).strip() or None
+    found = {"name": name, "sku": field("sku"), "description": field("description"), "brand": field("brand"),
+             "price": field("price"), "currency": None, "availability": field("availability"), "url": url}
+    return found if found["name"] else {}
 
 
 class StandIn:
@@ -453,7 +460,7 @@ class StandIn:
         if payload.get("include_raw_html"):
             result["raw_html"] = text
         if any(payload.get(k) for k in ("extraction_schema", "extraction_prompt", "extraction_profile")):
-            extracted = extract_schema_org(text, fetched.final_url)
+            extracted = extract_product(text, fetched.final_url)
             schema = payload.get("extraction_schema")
             if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
                 extracted = {k: extracted.get(k) for k in schema["properties"]}
