@@ -328,3 +328,29 @@ class Form(scrapy.Spider):
     assert got[COUNTRY_HEADER] == "DE"
     assert got["Cookie"] == "consent=yes"
     assert got["Content-Type"] == "application/x-www-form-urlencoded" and got["_body"] == "q=shoes"
+
+
+# -- structured extraction -----------------------------------------------------------------------
+
+
+def test_api_extract_spider_stores_a_shops_products_with_no_selectors(clean, api: StandIn) -> None:
+    with DemoSite(Catalog(products=40)) as site:
+        direct = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false"), "crawl", "demo")
+        assert direct.returncode == 0, direct.stderr[-3000:]
+        by_selectors = sorted(clean.query("SELECT sku, title, price, currency FROM products"))
+        assert len(by_selectors) == len(site.catalog.valid_products())
+        for args in (["-a", "profile=product"], []):  # a profile, then the schema of ProductItem
+            clean.redis().flushdb()
+            clean.query("TRUNCATE products, rejects")
+            env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false")
+            result = run_scrapy(env, "crawl", "api_extract", "-a", f"url={site.url}", *args)
+            assert result.returncode == 0, result.stderr[-3000:]
+            assert sorted(clean.query("SELECT sku, title, price, currency FROM products")) == by_selectors, args
+            served = api.stats()
+            assert re.search(rf"'scraping_api/credits': {served['credits']:.0f}\b", result.stderr)
+            assert served["unknown_fields"] == {}
+            api.reset()
+    no_key = run_scrapy(crawl_env(clean, METRICS_ENABLED="false"), "crawl", "api_extract", "-a", "url=http://127.0.0.1:9/")
+    assert no_key.returncode == 2 and "Traceback" not in no_key.stderr
+    assert no_key.stderr.strip().splitlines()[-1].startswith(
+        "error: SCRAPING_API_KEY: api_extract has the scraping API extract"), no_key.stderr

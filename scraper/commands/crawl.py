@@ -27,6 +27,10 @@ class Command(ScrapyCrawl):
             crawler = self._create_crawler(args[0])
             addon.validate(crawler.settings)
             api_settings(crawler.settings)
+            # A spider may say what it needs of the settings (api_extract: a scraping-API key).
+            check = getattr(crawler.spidercls, "check_settings", None)
+            if check is not None:
+                check(crawler.settings)
             backends.apply(crawler.settings)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -167,9 +167,12 @@ def extract_product(html: str, url: str) -> dict[str, Any]:
         text = page.css(f"[itemprop={name}] ::text, .{name} ::text").getall()
         return " ".join(t.strip() for t in text if t.strip()) or None
 
+    if len(page.css("[itemprop=price], .price")) != 1:  # a listing, or no product at all
+        return {}
     name = field("name") or " ".join(page.css("h1 ::text").getall()).strip() or None
-    found = {"name": name, "sku": field("sku"), "description": field("description"), "brand": field("brand"),
-             "price": field("price"), "currency": None, "availability": field("availability"), "url": url}
+    found = {"name": name, "sku": field("sku"), "description": field("description") or field("desc"),
+             "brand": field("brand"), "price": field("price"), "currency": None,
+             "availability": field("availability"), "release_date": field("released"), "url": url}
     return found if found["name"] else {}
 
 
@@ -463,7 +466,9 @@ class StandIn:
             extracted = extract_product(text, fetched.final_url)
             schema = payload.get("extraction_schema")
             if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
-                extracted = {k: extracted.get(k) for k in schema["properties"]}
+                aliases = {"title": "name", "released_at": "release_date"}
+                extracted = {k: extracted.get(k, extracted.get(aliases.get(k, k))) for k in schema["properties"]} \
+                    if extracted else {}
             result["extraction_result"] = extracted
         return 200, result
 
