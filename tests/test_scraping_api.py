@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import crawl_env, run_scrapy
+from conftest import ROOT, crawl_env, run_scrapy, scrapy_cmd
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import STANDIN_HEADER, StandIn
 
@@ -276,3 +276,58 @@ def test_on_block_escalates_a_blocking_site_and_crawls_it_fully(clean, api) -> N
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- the fleet shares one budget and one escalation memory --------------------------------------
+
+
+def test_four_workers_share_one_budget(clean, api) -> None:
+    with DemoSite(Catalog(products=80)) as site:
+        env = api_env(clean, site.url, api, SCRAPING_API_BUDGET="6000", CONCURRENT_REQUESTS_PER_DOMAIN="2")
+        procs = [subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        outputs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    served = api.stats()
+    # 200 microcents a page: the fleet together stops at the budget, not at 4 times it.
+    assert 6000 - 4 * 2 * 200 <= served["credits"] <= 6000
+    spent = [stat(type("R", (), {"stderr": err})(), "scraping_api/credits") or 0 for _, err in outputs]
+    assert sum(spent) == served["credits"]
+    assert sum(1 for _, err in outputs if stat(type("R", (), {"stderr": err})(), "finish_reason")
+               == "scraping_api_budget") >= 1
+    assert clean.redis().zcard("demo:requests") > 0  # the rest of the run waits in the queue
+
+
+def test_a_domain_escalated_by_one_worker_is_escalated_for_all(clean, api) -> None:
+    site = DemoSite(Catalog(products=60))
+
+    class Slow(_Guarded):
+        def do_GET(self) -> None:  # noqa: N802
+            time.sleep(0.05)  # slow enough that the first worker is still crawling when the second joins
+            super().do_GET()
+
+    handler = type("Guarded", (Slow,), {"site": site, "direct": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        env = api_env(clean, url, api, SCRAPING_API_DEFAULT_ROUTE="never", SCRAPING_API_ROUTING="127.0.0.1=on_block",
+                      CONCURRENT_REQUESTS_PER_DOMAIN="2")
+        first = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not clean.redis().smembers("demo:scraping_api:escalated") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert clean.redis().smembers("demo:scraping_api:escalated") == {b"127.0.0.1"}
+        before = len(handler.direct)
+        second = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        (_, err1), (_, err2) = first.communicate(timeout=180), second.communicate(timeout=180)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first.returncode == second.returncode == 0, err1[-2000:] + err2[-2000:]
+    assert "escalated by another worker of this run" in err2
+    assert len(handler.direct) - before <= 1, handler.direct  # robots.txt at most: it is fetched directly
+    assert clean.query("SELECT count(*) FROM products")[0][0] == len(site.catalog.valid_products())

@@ -125,11 +125,11 @@ def test_routing_budget_options_and_settings() -> None:
         parse_routing("a.com")
 
     budget = Budget(10)
-    assert all(budget.try_reserve(3) for _ in range(3)) and not budget.try_reserve(3)  # 9 reserved
-    budget.release(3)
-    budget.spend(3)
-    assert budget.try_reserve(1) and not budget.try_reserve(1)  # 3 spent + 7 reserved = 10
-    assert Budget(0).try_reserve(1e9)  # no budget
+    held = [budget.reserve(3) for _ in range(3)]
+    assert all(held) and budget.reserve(3) is None  # 9 reserved
+    budget.settle(held[0], 3)
+    assert budget.reserve(1) and budget.reserve(1) is None  # 3 spent + 7 reserved = 10
+    assert Budget(0).reserve(1e9)  # no budget
 
     assert merge_options({"render_js": False, "a": 1}, {"render_js": True}, {"country": "de"}) == {
         "render_js": True, "a": 1, "country": "de"}

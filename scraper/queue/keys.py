@@ -27,10 +27,18 @@ def dead_key(spider_name: str) -> str:
     return f"{spider_name}:dead"
 
 
+def escalated_key(spider_name: str) -> str:
+    """Domains the scraping API's ``on_block`` route moved to the API in this run."""
+    return f"{spider_name}:scraping_api:escalated"
+
+
 def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
     """Keys that describe one run of a crawl and are dropped when that run completes.
 
     *seen_keys* are those of the request seen-state the crawl used (default: the set of the
-    default backend); with an expiry there are none, as the seen-state outlives the run."""
+    default backend); with an expiry there are none, as the seen-state outlives the run. The
+    scraping API's budget and escalated domains belong to the run too."""
+    from ..scraping_api.budget import budget_keys
+
     seen = [dupefilter_key(spider_name)] if seen_keys is None else seen_keys
-    return [*seen, items_seen_key(spider_name)]
+    return [*seen, items_seen_key(spider_name), escalated_key(spider_name), *budget_keys(spider_name)]

@@ -43,7 +43,9 @@ from twisted.internet.defer import Deferred, DeferredSemaphore
 from ..config import ConfigError, get_choice, get_float, get_int
 from ..middlewares.requeue import requeue
 from ..secrets import install_log_redaction, redact, register_secret
-from .budget import Budget
+from ..queue.keys import escalated_key
+from ..redis_client import UNREACHABLE, get_redis
+from .budget import Budget, SharedBudget
 from .client import ApiClient, TransportError, is_usable
 from .providers import (
     AUTH, BLOCKED, CREDITS, FATAL, PROVIDERS, ApiCall, ApiError, Expired, Failed, Job, OptionError,
@@ -77,6 +79,7 @@ FORWARDED_HEADERS = ("Cookie", "Content-Type", "Authorization")
 OWN_OPTIONS = frozenset({"forward_headers", "headers"})
 DEFAULT_ESCALATION = ({"render_js": True},)
 REPLACEMENT_CHAR = "\ufffd".encode("utf-8")
+ESCALATION_REFRESH = 5.0  # seconds between reads of the run's escalated domains
 
 
 class ScrapingApiError(Exception):
@@ -168,7 +171,8 @@ class ScrapingApiMiddleware:
         self.crawler = crawler
         self.provider: Provider = PROVIDERS[conf["provider"]](conf["key"], conf["base_url"])
         self.conf = conf
-        self.budget = Budget(conf["budget"])
+        self.budget: Budget = Budget(conf["budget"])
+        self.shared: Any = None  # Redis, when this process is a node of a shared crawl
         self.client = ApiClient(
             max_connections=max(1, crawler.settings.getint("CONCURRENT_REQUESTS", 16)),
             max_size=conf["max_size"],
@@ -181,6 +185,7 @@ class ScrapingApiMiddleware:
         self._limits: dict[str, DeferredSemaphore] = {}
         self._next_start: dict[str, float] = {}
         self._wrong_url_logged = False
+        self._escalated_read = float("-inf")
         self.stats = crawler.stats
 
     @classmethod
@@ -204,6 +209,12 @@ class ScrapingApiMiddleware:
     # -- signals -----------------------------------------------------------------------------
 
     def spider_opened(self, spider: Any) -> None:
+        if self._shares_state():
+            self.shared = get_redis(self.crawler.settings["REDIS_URL"])
+            self.escalation_key = escalated_key(spider.name)
+            if self.budget.limit:
+                self.budget = SharedBudget(self.shared, spider.name, self.budget.limit)
+            self._refresh_escalated(force=True)
         spider_options = getattr(spider, "scraping_api", None)
         if isinstance(spider_options, dict):
             try:
@@ -233,6 +244,8 @@ class ScrapingApiMiddleware:
         if not self._routable(request):
             return None
         route = self._route(request)
+        if route == "on_block":
+            self._refresh_escalated()
         if route == "never" or (route == "on_block" and self._host(request) not in self.escalated):
             return None
         return await self._fetch(request)
@@ -246,8 +259,13 @@ class ScrapingApiMiddleware:
         if host not in self.escalated:
             self.escalated.add(host)
             self.stats.inc_value("scraping_api/escalated_domains")
-            logger.info("%s answered %s like a block: fetching it through the API from now on",
+            logger.info("%s answered %s like a block: fetching it through the API from now on, on every worker",
                         host, response.status)
+            if self.shared is not None:
+                try:
+                    self.shared.sadd(self.escalation_key, host)
+                except UNREACHABLE:
+                    pass  # this worker escalates it; the others find out on their own
         self.stats.inc_value("scraping_api/escalated_requests")
         return await self._fetch(request)
 
@@ -265,6 +283,26 @@ class ScrapingApiMiddleware:
         # (five with render_js) and tell the API's crawler, not ours, what it may fetch.
         return not (self.conf["robotstxt"] == "direct" and url.path == "/robots.txt"
                     and request.meta.get("dont_obey_robotstxt"))
+
+    def _shares_state(self) -> bool:
+        """A node of a shared crawl (our scheduler), not a developer command on its own."""
+        scheduler = str(self.crawler.settings.get("SCHEDULER") or "")
+        return scheduler.endswith("SharedScheduler") and bool(self.crawler.settings.get("REDIS_URL"))
+
+    def _refresh_escalated(self, force: bool = False) -> None:
+        """Learn the domains other workers escalated in this run (at most every few seconds)."""
+        now = time.monotonic()
+        if self.shared is None or (not force and now - self._escalated_read < ESCALATION_REFRESH):
+            return
+        self._escalated_read = now
+        try:
+            found = {m.decode() if isinstance(m, bytes) else m for m in self.shared.smembers(self.escalation_key)}
+        except UNREACHABLE:
+            return
+        new = found - self.escalated
+        if new:
+            self.escalated |= new
+            logger.info("Fetching %s through the API: escalated by another worker of this run", ", ".join(sorted(new)))
 
     def _route(self, request: Request) -> str:
         return route_for(self._host(request), self.conf["routing"], self.conf["default_route"])
@@ -289,18 +327,25 @@ class ScrapingApiMiddleware:
             raise ScrapingApiError("api:options", f"{request.url}: {exc}") from None
         estimate = self.budget.estimate(self.provider.estimate(options))
         self._raise_if_stopping(request)
-        if not self.budget.try_reserve(estimate):
+        timeout = float(request.meta.get("download_timeout") or self.conf["download_timeout"])
+        reservation = self.budget.reserve(
+            estimate, hold_seconds=self.conf["job_timeout"] + timeout * (self.conf["max_retries"] + 2))
+        if reservation is None:
             logger.info(
-                "Scraping-API budget reached: %.1f %s spent, %.1f reserved by requests in flight, "
-                "next request estimated at %.1f, budget %.1f",
+                "Scraping-API budget reached: %.1f %s spent in this run by every worker, %.1f reserved by calls "
+                "in flight, next call estimated at %.1f, budget %.1f. Raise SCRAPING_API_BUDGET to go on; "
+                "the queue is kept",
                 self.budget.spent, self.provider.unit, self.budget.reserved, estimate, self.budget.limit,
             )
             self._stop(STOP_BUDGET, request)
         started = time.monotonic()
+        billed = 0.0
         try:
             result = await self._fetch_result(request, options)
+            billed = result.credits
         finally:
-            self.budget.release(estimate)
+            if reservation is not None:
+                self.budget.settle(reservation, billed)
         # What the downloader would have recorded: the latency metrics stay per target domain.
         request.meta["download_latency"] = time.monotonic() - started
         return self._to_response(request, result)
@@ -472,7 +517,6 @@ class ScrapingApiMiddleware:
         return headers
 
     def _count_credits(self, request: Request, credits: float) -> None:
-        self.budget.spend(credits)
         self.stats.inc_value("scraping_api/pages")
         value = int(credits) if float(credits).is_integer() else credits
         self.stats.inc_value("scraping_api/credits", value)
