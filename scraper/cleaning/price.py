@@ -36,7 +36,10 @@ _FREE = re.compile(
 _PLAIN_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 _THOUSANDS_ONLY = re.compile(r"^[1-9]\d{0,2}\.\d{3}$")
 # "12.500" next to a 3-decimal currency (KWD, BHD, OMR, JOD...) is twelve and a half.
-_THREE_DECIMALS = re.compile(r"^\d{1,3}\.\d{3}$")
+_THREE_DECIMALS = {
+    ".": re.compile(r"^(?:\d+|\d{1,3}(?:,\d{3})+)\.\d{3}$"),
+    ",": re.compile(r"^\d{1,3}(?:\.\d{3})+,\d{3}$"),
+}
 
 _MINUS = ("-", "\u2212")
 # Punctuation around a mark that is not part of it ("US$:", "(USD", "€*").
@@ -126,12 +129,12 @@ def read_price(
         return PriceReading()
     currency = currency or unmarked
     amount = parsed.amount
-    if (
-        decimal_separator is None
-        and minor_units(currency.code) == 3
-        and _THREE_DECIMALS.match(parsed.amount_text or "")
-    ):
-        amount = Decimal(parsed.amount_text or "0")
+    if decimal_separator is None and minor_units(currency.code) == 3:
+        # price-parser reads a last group of three digits as thousands; with a currency of
+        # three decimals it is the fils: "12.500", "1,168.757", "1.168,757".
+        for mark, pattern in _THREE_DECIMALS.items():
+            if pattern.match(parsed.amount_text or ""):
+                amount = Price.fromstring(parsed.amount_text or "", decimal_separator=mark).amount or amount
     return _finish(amount, currency)
 
 

@@ -21,6 +21,8 @@ class ProductItem(StoredItem):
     # Four decimals hold every ISO 4217 minor unit (JPY 0, USD 2, KWD 3, CLF 4); amounts are
     # rounded to their own currency's unit when cleaned.
     price = Field(sql="numeric(20,4)", required=True, clean="price", type=Decimal, minimum=0)
+    # The top of a price range (a schema.org AggregateOffer's highPrice), in the same currency.
+    price_high = Field(sql="numeric(20,4)", clean="price", type=Decimal, minimum=0)
     # The ISO 4217 code; a symbol or name given here ("€", "руб.") is mapped to it when cleaned.
     currency = Field(sql="text", required=True, type=str, pattern=r"^[A-Z]{3}$")
     url = Field(sql="text", required=True, clean="url", type=str)

@@ -179,6 +179,14 @@ class CleanPipeline:
         territory = context["territory"]
         declared = None
         problem = None
+        if not _present(raw):
+            # No price (an item without price_high, say): its currency field is still mapped,
+            # and left alone when it does not read, as another price may need it.
+            item[name] = None
+            value = item.get(currency_field) if has_currency else None
+            if isinstance(value, str) and value.strip():
+                item[currency_field] = currency_of(value, default, territory).code or value
+            return None
         if has_currency:
             value = item.get(currency_field)
             if isinstance(value, (list, tuple)):
@@ -194,7 +202,7 @@ class CleanPipeline:
         separator = meta.get("decimal_separator") or self._option("decimal_separator", None)
         price = read_price(raw, declared or default, territory, decimal_separator=separator)
         item[name] = price.amount
-        if _present(raw) and price.amount is None:
+        if price.amount is None:
             return f"{name}: not a price: {_show(raw)}"
         if has_currency:
             # A currency the page states in its own field wins over the price text's mark.
