@@ -51,6 +51,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             ``SCRAPING_API_DEFAULT_ROUTE`` for the rest (always).
 ``SCRAPING_API_OPTIONS``    JSON options for the API (``{"render_js": true}``); a spider's
                             ``scraping_api`` dict and ``request.meta["scraping_api"]`` override.
+``DATE_LANGUAGES``          Languages dates are read in, e.g. ``de,en`` (a spider's ``date_languages``
+                            wins); unset: the page's declared language (``Content-Language``,
+                            ``<html lang>``) then English, else English alone.
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
@@ -137,6 +140,8 @@ ITEM_PIPELINES = {
     "scraper.pipelines.dedupe.DedupePipeline": 300,
     "scraper.pipelines.store.StorePipeline": 400,
 }
+# Comma-separated; empty: each page's declared language, then English.
+DATE_LANGUAGES = _env("DATE_LANGUAGES", "")
 POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "1000")
 POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
 POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
