@@ -12,7 +12,8 @@ setup(
     version="1.0",
     python_requires=">=3.11",
     packages=find_packages(include=["scraper", "scraper.*"]),
-    # The genspider templates are not Python modules; without this the egg would lack them.
-    package_data={"scraper": ["templates/*/*.tmpl"]},
+    # The genspider templates and the currency index are not Python modules; without this the
+    # egg would lack them.
+    package_data={"scraper": ["templates/*/*.tmpl", "cleaning/*.json"]},
     entry_points={"scrapy": ["settings = scraper.settings"]},
 )

@@ -59,6 +59,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             (JSON list of options, default ``[{"render_js": true}]``); then the
                             page is a dead letter. A block never stops the crawl.
 ``SCRAPING_API_ROBOTSTXT``  ``direct`` (default: robots.txt is fetched without the API) or ``api``.
+``DATE_LANGUAGES``          Languages dates are read in, e.g. ``de,en`` (a spider's ``date_languages``
+                            wins); unset: the page's declared language (``Content-Language``,
+                            ``<html lang>``) then English, else English alone.
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
@@ -145,6 +148,8 @@ ITEM_PIPELINES = {
     "scraper.pipelines.dedupe.DedupePipeline": 300,
     "scraper.pipelines.store.StorePipeline": 400,
 }
+# Comma-separated; empty: each page's declared language, then English.
+DATE_LANGUAGES = _env("DATE_LANGUAGES", "")
 POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "1000")
 POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
 POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")

@@ -2,12 +2,25 @@
 
 dateparser handles the long tail of human formats but costs around a
 millisecond per call, so cheap exact paths (date objects, ISO 8601, unix
-timestamps) run first and textual results are memoised, since listing pages
-repeat the same few date strings thousands of times.
+timestamps, the common English and numeric layouts) run first and textual
+results are memoised, since listing pages repeat the same few date strings
+thousands of times.
+
+Dates are read in the languages given (the site's: ``9. März 2026`` needs
+``de``), English when none are. Numeric dates with dots (``12.11.2026``) are
+day first unless a date order says otherwise: that is how every country that
+writes dots writes them, whatever the page's language.
+
+The fast path answers as dateparser does, except where dateparser is wrong
+and it deliberately is not: a wall time that occurs twice when clocks go back
+(the "fold") is read as its first occurrence, as Python's zoneinfo does
+(dateparser takes the second), and years past 2037 keep their daylight saving
+time (dateparser's pytz zones stop having transitions there).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import date, datetime, timezone as dt_timezone, tzinfo
 from functools import lru_cache
@@ -46,9 +59,11 @@ def parse_date(
 
     ``timezone`` is assumed for inputs that carry no offset (date-only inputs
     become midnight there). ``date_order`` ("DMY", "MDY", "YMD") settles
-    numeric dates such as "11/12/2026"; without it the language's convention
-    applies (month first for English). Relative dates ("yesterday",
-    "3 hours ago") are resolved against the current clock and never cached.
+    numeric dates such as "11/12/2026"; without it dotted dates are day first
+    and the others follow the language's convention (month first for
+    English). ``languages`` (ISO 639-1 codes) are those of the site; English
+    when None. Relative dates ("yesterday", "3 hours ago") are resolved
+    against the current clock and never cached.
     """
     if raw is None or isinstance(raw, bool):
         return None
@@ -71,7 +86,9 @@ def parse_date(
         if iso is not None:
             return iso
     langs = tuple(languages) if languages else _DEFAULT_LANGUAGES
-    if "en" in langs:
+    if date_order is None and _DOTTED.match(text):
+        date_order = "DMY"
+    if "en" in langs or _NUMERIC.match(text):
         common = _parse_common(text, date_order, timezone)
         if common is not None:
             return common
@@ -98,6 +115,7 @@ _TIME = r"(?:,? (\d{1,2}):(\d{2})(?::(\d{2}))? ?([AaPp][Mm])?)?"
 _DAY_MONTH_YEAR = re.compile(rf"^(\d{{1,2}}) {_MONTH},? (\d{{4}}){_TIME}$")
 _MONTH_DAY_YEAR = re.compile(rf"^{_MONTH} (\d{{1,2}})(?:st|nd|rd|th)?,? (\d{{4}}){_TIME}$")
 _NUMERIC = re.compile(r"^(\d{1,2})([./-])(\d{1,2})\2(\d{4})$")
+_DOTTED = re.compile(r"^\d{1,2}\.\d{1,2}\.\d{2,4}\b")
 
 
 def _parse_common(text: str, date_order: str | None, timezone: str) -> datetime | None:
@@ -158,10 +176,16 @@ def _localise(value: datetime, timezone: str) -> datetime | None:
         if zone is None:
             return None
         value = value.replace(tzinfo=zone)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        # Year 1 east of UTC or 9999 west of it: no datetime can hold the UTC instant.
+        return None
 
 
 def _from_epoch(value: int | float) -> datetime | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     seconds = value / 1000 if value >= _EPOCH_SECONDS_RANGE[1] * 100 else value
     if not _EPOCH_SECONDS_RANGE[0] <= seconds < _EPOCH_SECONDS_RANGE[1]:
         return None
@@ -212,6 +236,6 @@ def _parse_text(
     try:
         # Fixed languages: autodetection over every locale is ~100x slower.
         value = dateparser.parse(text, languages=list(languages), settings=settings)
-    except (ValueError, OverflowError, TypeError):
+        return value.astimezone(UTC) if value is not None else None
+    except Exception:  # dateparser raises many kinds on odd input; no date is the answer
         return None
-    return value.astimezone(UTC) if value is not None else None

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from . import pages
 from .catalog import Catalog
 from .pages import Page
+from .sections import SECTIONS, render_section, section_route
 
 __all__ = ["DemoSite"]
 
@@ -30,6 +31,7 @@ _PRODUCT = re.compile(r"/c/([a-z0-9-]+)/p/([1-9][0-9]*)\.html")
 _CANONICAL = re.compile(r"/p/([1-9][0-9]*)\.html")
 _LISTING = re.compile(r"/c/([a-z0-9-]+)/")
 _LISTING_BARE = re.compile(r"/c/([a-z0-9-]+)")
+_SECTION_PREFIXES = frozenset(f"/{prefix}/" for prefix in SECTIONS)
 _PAGE_NUMBER = re.compile(r"[1-9][0-9]{0,6}")
 # The Host header ends up inside HTML and JSON; anything outside this shape
 # falls back to the server's own address instead of being echoed.
@@ -58,6 +60,8 @@ def _route(catalog: Catalog, path: str, query: str) -> _RouteKey | None:
         return ("home",)
     if path == "/robots.txt":
         return ("robots",)
+    if path[:4] in _SECTION_PREFIXES:
+        return section_route(catalog, path)
     if m := _PRODUCT.fullmatch(path):
         product = catalog.product(int(m[2]))
         if product is None or m[1] not in product.categories:
@@ -114,6 +118,8 @@ class _Renderer:
             product = self.catalog.product(key[1])
             assert product is not None
             return pages.render_product(self.catalog, product)
+        if kind == "section":
+            return render_section(self.catalog, key[1], key[2])
         if kind == "redirect":
             return Page(301, "text/html; charset=utf-8", b"", (("Location", key[1]),))
         raise ValueError(f"unknown route {key!r}")

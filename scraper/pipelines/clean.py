@@ -1,27 +1,63 @@
 """Clean: turn what a page shows into typed values, with well-kept libraries.
 
 Each stored field names its cleaner (``clean=`` on the ``Field``): ``text`` (entities, tags,
-whitespace), ``price`` (price-parser: Decimal + ISO currency into the field named by
-``currency_field``, default ``currency``), ``date`` (dateparser: ISO 8601, UTC), ``url`` (w3lib:
-canonical, absolute). A value that is present but cannot be cleaned is recorded as a problem
-for the validate pipeline, with the raw value, never silently replaced by nothing.
+whitespace), ``price`` (price-parser: Decimal rounded to the currency's ISO 4217 minor unit, the
+ISO code into the field named by ``currency_field``, default ``currency``), ``date``
+(dateparser: UTC), ``url`` (w3lib: canonical, absolute). A value that is present but cannot be
+cleaned is recorded as a problem for the validate pipeline, with the raw value, never silently
+replaced by nothing; whatever goes wrong inside a cleaner is such a problem too, so an item
+always ends as one row or one reject. Two exceptions: an optional date that cannot be read is
+left empty and counted (``clean/unparsed/<field>``), and a currency field's symbol or name
+(``€``, ``руб.``, ``euro``) is mapped to its code.
 
-Defaults per crawl: ``CLEAN_DEFAULT_CURRENCY`` (for a bare ``$``), ``CLEAN_DATE_ORDER`` (e.g.
-``DMY`` for ``01/02/2026``), ``CLEAN_TIMEZONE`` (for times without an offset). A spider
-overrides each with the attribute ``default_currency``, ``date_order`` or ``timezone``.
+A one-element list (an ItemLoader without ``TakeFirst``, extruct's output) is cleaned as its
+element; more than one element in a scalar field is a problem. Fields declared with
+``join=True`` (a description read with ``getall()``) join their parts instead.
+
+Defaults per crawl: ``CLEAN_DEFAULT_CURRENCY`` (for a price with no currency mark at all),
+``CLEAN_DATE_ORDER`` (e.g. ``MDY`` for ``01/02/2026``), ``CLEAN_TIMEZONE`` (for times without an
+offset), ``DATE_LANGUAGES`` (e.g. ``de,en``). A spider overrides each with the attribute
+``default_currency``, ``date_order``, ``timezone`` or ``date_languages``, and may set
+``decimal_separator`` (also a ``Field`` option) when its prices use a known one. Without date
+languages, and for a currency mark several currencies share, the page's declared language
+(``Content-Language``, ``<html lang>``) decides.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
+from decimal import Decimal
 from typing import Any
 
-from ..cleaning import canonical_url, clean_text, parse_date, parse_price
+from scrapy import signals
+
+from ..cleaning import canonical_url, clean_text, parse_date, read_price
+from ..cleaning.currency import currency_of, territory_of
+from ..cleaning.language import date_languages, declared_language
 from ..items.base import StoredItem
+
+# Pages whose declared language is remembered until their items are cleaned; items follow
+# their page closely, so this only has to outlast the items in flight.
+_LANGUAGE_MEMORY = 4096
+
+
+_TEXT_LIKE = (str, int, float, Decimal, bytes, list, tuple)
 
 
 def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, str) and not value.strip())
+
+
+def _show(raw: Any) -> str:
+    return repr(raw if isinstance(raw, str) else raw)[:200]
+
+
+def _safe_text(value: Any) -> Any:
+    """Strings Postgres can store: no NUL, no lone surrogates (which no encoding can write)."""
+    if isinstance(value, str) and not value.isascii():
+        value = value.encode("utf-8", errors="replace").decode("utf-8")
+    return value.replace("\x00", "") if isinstance(value, str) else value
 
 
 class CleanPipeline:
@@ -31,10 +67,23 @@ class CleanPipeline:
         self.default_currency = settings.get("CLEAN_DEFAULT_CURRENCY") or None
         self.date_order = settings.get("CLEAN_DATE_ORDER") or None
         self.timezone = settings.get("CLEAN_TIMEZONE") or "UTC"
+        self.date_languages = settings.get("DATE_LANGUAGES") or None
+        self._languages: OrderedDict[str, str | None] = OrderedDict()
+        crawler.signals.connect(self._remember_language, signal=signals.response_received)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "CleanPipeline":
         return cls(crawler)
+
+    def _remember_language(self, response: Any, request: Any = None, spider: Any = None) -> None:
+        try:
+            language = declared_language(response.headers.get(b"Content-Language"), response.body)
+        except Exception:  # a page without a readable declaration declares nothing
+            language = None
+        self._languages[response.url] = language
+        self._languages.move_to_end(response.url)
+        while len(self._languages) > _LANGUAGE_MEMORY:
+            self._languages.popitem(last=False)
 
     def _option(self, name: str, default: Any) -> Any:
         return getattr(self.crawler.spider, name, None) or default
@@ -42,39 +91,124 @@ class CleanPipeline:
     def process_item(self, item: Any) -> Any:
         if not isinstance(item, StoredItem):
             return item
-        item._raw = copy.deepcopy(dict(item))
+        try:
+            item._raw = copy.deepcopy(dict(item))
+        except Exception:  # an uncopyable value: keep what the item holds, as it is
+            item._raw = dict(item)
         problems: list[str] = []
         if not _present(item.get("source")) and "source" in item.fields:
             item["source"] = self.crawler.spider.name
+        page_language = self._languages.get(str(getattr(item, "_origin", "") or ""))
+        context = {
+            "page_language": page_language,
+            "territory": territory_of(page_language),
+            "languages": date_languages(self._option("date_languages", self.date_languages), page_language),
+        }
+        # A price's currency field is cleaned with its price, which may name the currency.
+        with_price = {
+            meta.get("currency_field", "currency")
+            for name, meta in item.fields.items()
+            if meta.get("clean") == "price" and name in item
+        }
         for name, meta in item.fields.items():
-            kind = meta.get("clean")
-            if not kind or name not in item:
+            if name not in item or name in with_price:
                 continue
-            raw = item[name]
-            if kind == "text":
-                item[name] = clean_text(raw)
-            elif kind == "url":
-                item[name] = canonical_url(raw)
-                if _present(raw) and item[name] is None:
-                    problems.append(f"{name}: not an http(s) URL: {str(raw)[:200]!r}")
-            elif kind == "date":
-                item[name] = parse_date(
-                    raw,
-                    date_order=self._option("date_order", self.date_order),
-                    timezone=self._option("timezone", self.timezone),
-                )
-                if _present(raw) and item[name] is None:
-                    problems.append(f"{name}: not a date: {str(raw)[:200]!r}")
-            elif kind == "price":
-                currency_field = meta.get("currency_field", "currency")
-                declared = clean_text(item.get(currency_field)) if currency_field in item.fields else None
-                amount, currency = parse_price(raw, self._option("default_currency", self.default_currency))
-                item[name] = amount
-                if _present(raw) and amount is None:
-                    problems.append(f"{name}: not a price: {str(raw)[:200]!r}")
-                if currency_field in item.fields:
-                    item[currency_field] = (declared or currency or "").upper() or None
-            else:
-                raise ValueError(f"{type(item).__name__}.{name}: unknown cleaner {kind!r}")
+            try:
+                problem = self._clean_field(item, name, meta, context)
+            except Exception as exc:  # a cleaner's bug must not lose the item: it is a reject
+                item[name] = None
+                problem = f"{name}: cannot be cleaned ({type(exc).__name__}: {exc}): {_show(item._raw.get(name))}"
+            if problem:
+                problems.append(problem)
         item._problems = problems
         return item
+
+    def _clean_field(self, item: StoredItem, name: str, meta: dict[str, Any], context: dict[str, Any]) -> str | None:
+        raw = item[name]
+        if isinstance(raw, (list, tuple)) and not meta.get("join"):
+            values = [v for v in raw if _present(v)]
+            if len(values) > 1:
+                item[name] = None
+                return f"{name}: {len(values)} values where one is expected: {_show(list(raw))}"
+            raw = values[0] if values else None
+            item[name] = raw
+        kind = meta.get("clean")
+        if kind is None:
+            item[name] = _safe_text(raw)
+            return None
+        if kind == "text":
+            if raw is not None and (isinstance(raw, bool) or not isinstance(raw, _TEXT_LIKE)):
+                item[name] = None
+                return f"{name}: expected text, got {type(raw).__name__}: {_show(raw)}"
+            item[name] = _safe_text(clean_text(raw))
+        elif kind == "url":
+            item[name] = canonical_url(raw)
+            if _present(raw) and item[name] is None:
+                return f"{name}: not an http(s) URL: {_show(raw)}"
+        elif kind == "date":
+            return self._clean_date(item, name, meta, raw, context)
+        elif kind == "price":
+            return self._clean_price(item, name, meta, raw, context)
+        else:
+            raise ValueError(f"{type(item).__name__}.{name}: unknown cleaner {kind!r}")
+        return None
+
+    def _clean_date(
+        self, item: StoredItem, name: str, meta: dict[str, Any], raw: Any, context: dict[str, Any]
+    ) -> str | None:
+        value = parse_date(
+            raw,
+            date_order=self._option("date_order", self.date_order),
+            timezone=self._option("timezone", self.timezone),
+            languages=list(context["languages"]) if context["languages"] else None,
+        )
+        item[name] = value
+        if value is None and _present(raw):
+            if meta.get("required"):
+                return f"{name}: not a date: {_show(raw)}"
+            # Optional: the item is still worth storing without it; the count shows how often.
+            self.crawler.stats.inc_value(f"clean/unparsed/{name}")
+        return None
+
+    def _clean_price(
+        self, item: StoredItem, name: str, meta: dict[str, Any], raw: Any, context: dict[str, Any]
+    ) -> str | None:
+        currency_field = meta.get("currency_field", "currency")
+        has_currency = currency_field in item.fields
+        default = self._option("default_currency", self.default_currency)
+        territory = context["territory"]
+        declared = None
+        problem = None
+        if not _present(raw):
+            # No price (an item without price_high, say): its currency field is still mapped,
+            # and left alone when it does not read, as another price may need it.
+            item[name] = None
+            value = item.get(currency_field) if has_currency else None
+            if isinstance(value, str) and value.strip():
+                item[currency_field] = currency_of(value, default, territory).code or value
+            return None
+        if has_currency:
+            value = item.get(currency_field)
+            if isinstance(value, (list, tuple)):
+                value = next((v for v in value if _present(v)), None) if len(value) <= 1 else value
+            text = clean_text(value) if isinstance(value, (str, int, float)) else None
+            if _present(value) and text is None:
+                problem = f"{currency_field}: not a currency: {_show(value)}"
+            elif text:
+                reading = currency_of(text, default, territory)
+                declared = reading.code
+                if reading.problem:
+                    problem = f"{currency_field}: {reading.problem}"
+        separator = meta.get("decimal_separator") or self._option("decimal_separator", None)
+        price = read_price(raw, declared or default, territory, decimal_separator=separator)
+        item[name] = price.amount
+        if price.amount is None:
+            return f"{name}: not a price: {_show(raw)}"
+        if has_currency:
+            # A currency the page states in its own field wins over the price text's mark.
+            item[currency_field] = declared or (None if problem else price.currency)
+            if problem:
+                return problem
+            if declared is None and price.problem:
+                return f"{currency_field}: {price.problem} in {_show(raw)}"
+        return None

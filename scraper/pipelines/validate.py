@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from typing import Any
 
@@ -27,6 +28,13 @@ logger = logging.getLogger(__name__)
 
 def check(item: StoredItem) -> list[str]:
     """Every reason *item* violates its declared schema (empty when valid)."""
+    try:
+        return _check(item)
+    except Exception as exc:  # a value no rule foresaw must still end as a reject, not be lost
+        return [f"item: cannot be validated ({type(exc).__name__}: {exc})"]
+
+
+def _check(item: StoredItem) -> list[str]:
     reasons = list(getattr(item, "_problems", []))
     flagged = {r.split(":", 1)[0] for r in reasons}
     # A price that failed to parse explains its missing currency; one reason is enough.
@@ -59,9 +67,28 @@ def check(item: StoredItem) -> list[str]:
     return reasons
 
 
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """What Postgres' jsonb takes: string keys, no NaN, no NUL, no lone surrogates; anything else
+    as its text."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", errors="replace").decode("utf-8").replace("\x00", "")
+    if depth < 20 and isinstance(value, dict):
+        return {_json_safe(str(k)): _json_safe(v, depth + 1) for k, v in value.items()}
+    if depth < 20 and isinstance(value, (list, tuple, set, frozenset)):
+        return [_json_safe(v, depth + 1) for v in value]
+    return _json_safe(str(value)[:10_000])
+
+
 def reject_record(spider_name: str, item: Any, reasons: list[str]) -> dict[str, Any]:
-    raw = getattr(item, "_raw", None) or ItemAdapter(item).asdict()
+    raw = _json_safe(getattr(item, "_raw", None) or ItemAdapter(item).asdict())
+    reasons = [_json_safe(reason) for reason in reasons]
     url = raw.get("url") or getattr(item, "_origin", None)
+    if not isinstance(url, str):
+        url = getattr(item, "_origin", None)
     item_type = type(item).__name__
     body = json.dumps(raw, sort_keys=True, default=str, ensure_ascii=False)
     ident = hashlib.sha1(f"{spider_name}\0{item_type}\0{url}\0{'; '.join(reasons)}\0{body}".encode()).hexdigest()

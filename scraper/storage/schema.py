@@ -8,6 +8,7 @@ columns are added, so a running fleet is never blocked by a restarting node taki
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Iterable
 
 from psycopg2 import sql
@@ -41,11 +42,46 @@ CREATE INDEX IF NOT EXISTS rejects_spider_idx ON rejects (spider, last_seen);
 
 
 def _existing_columns(cur: Any, table: str) -> set[str]:
+    return set(_numeric_columns(cur, table))
+
+
+def _numeric_columns(cur: Any, table: str) -> dict[str, tuple[int | None, int | None]]:
+    """Every column of *table* -> (precision, scale), both None unless it is a numeric."""
     cur.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s",
+        "SELECT column_name, CASE WHEN data_type = 'numeric' THEN numeric_precision END,"
+        " CASE WHEN data_type = 'numeric' THEN numeric_scale END FROM information_schema.columns"
+        " WHERE table_schema = current_schema() AND table_name = %s",
         (table,),
     )
-    return {row[0] for row in cur.fetchall()}
+    return {row[0]: (row[1], row[2]) for row in cur.fetchall()}
+
+
+_NUMERIC = re.compile(r"^numeric\((\d+),\s*(\d+)\)", re.IGNORECASE)
+
+
+def _widen_numerics(cur: Any, table: str, columns: dict[str, str]) -> list[str]:
+    """Widen numeric columns declared wider than they are (``numeric(14,2)`` -> ``(20,4)``).
+
+    Only ever widening, so every stored value survives as it is. Postgres rewrites the table
+    under an exclusive lock to change a scale, once; a table already as wide is not touched.
+    """
+    existing = _numeric_columns(cur, table)
+    changes = []
+    for name, ddl in columns.items():
+        declared = _NUMERIC.match(ddl)
+        precision, scale = existing.get(name, (None, None))
+        if not declared or precision is None or scale is None:
+            continue
+        want_precision, want_scale = int(declared.group(1)), int(declared.group(2))
+        widens = want_scale >= scale and want_precision - want_scale >= precision - scale
+        if widens and (want_precision, want_scale) != (precision, scale):
+            cur.execute(
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE numeric({}, {})").format(
+                    sql.Identifier(table), sql.Identifier(name), sql.Literal(want_precision), sql.Literal(want_scale)
+                )
+            )
+            changes.append(f"widened column {table}.{name} to numeric({want_precision},{want_scale})")
+    return changes
 
 
 def migrate(conn: Any, item_types: Iterable[type[StoredItem]]) -> list[str]:
@@ -98,4 +134,4 @@ def _migrate_one(cur: Any, item_type: type[StoredItem]) -> list[str]:
             )
         )
         changes.append(f"added column {table}.{name} {ddl}")
-    return changes
+    return changes + _widen_numerics(cur, table, columns)

@@ -1,0 +1,237 @@
+"""Currency marks -> ISO 4217 codes, from CLDR (through Babel), and each code's minor unit.
+
+A mark is what a page writes next to an amount: an ISO code (``KWD``), a symbol (``€``, ``AU$``,
+``zł``, ``د.ك.``), a name (``euro``, ``دينار كويتي``). CLDR lists them per locale; the index built
+from it (:mod:`scraper.cleaning.currency_index`) maps each to the codes that write it so.
+A mark several currencies share (``$``, ``kr``, ``£``) is settled by the spider's default
+currency, then by the page's territory (``<html lang="en-CA">``: CAD), then by the reading CLDR
+gives it in English (``$``: USD); failing those it is ambiguous, and the caller rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from .currency_index import INDEX_NAME, normalise_mark
+
+__all__ = ["CurrencyReading", "currency_of", "minor_units", "read_mark", "territory_of"]
+
+# Abbreviations shops write that CLDR does not list (it has ₽, ₴ and "KWD", not the "руб.",
+# "грн." and "KD" seen on real pages). Only unambiguous ones: a mark missing here is still
+# read when its characters are letters (as no currency) or rejected when it is a symbol.
+_COMMON_MARKS: dict[str, str] = {
+    **dict.fromkeys(["руб", "р", "рублей", "рубля", "рубль", "rbl"], "RUB"),
+    **dict.fromkeys(["грн", "hrn"], "UAH"),
+    **dict.fromkeys(["zl", "pln"], "PLN"),
+    **dict.fromkeys(["fr", "sfr", "chf"], "CHF"),
+    "tl": "TRY",
+    "dinara": "RSD",
+    "₵": "GHS",
+    "zk": "ZMW",
+    "ks": "MMK",
+    "lei": "RON",
+    "kn": "HRK",  # replaced by EUR in 2023, so CLDR files it as historical
+    "kd": "KWD",
+    "bd": "BHD",
+    "jd": "JOD",
+    "ld": "LYD",
+    "dhs": "AED",
+    "e£": "EGP",
+    "g$": "GYD",
+    "j$": "JMD",
+    "can$": "CAD",
+    "$u": "UYU",
+    "$b": "BOB",
+    "₤": "GBP",  # the lira sign, on shop pages a stand-in for the pound sign
+    "stg": "GBP",
+    "pound": "GBP",
+    "원": "KRW",
+    "đ": "VND",
+    "vnđ": "VND",
+    "ლ": "GEL",
+    "ლარი": "GEL",
+    "тг": "KZT",
+    "so'm": "UZS",
+    "soʻm": "UZS",
+    "ksh": "KES",
+    "kshs": "KES",
+    'ש"ח': "ILS",
+    "ש״ח": "ILS",
+    "ש'ח": "ILS",
+    "جنيه": "EGP",
+    "درهم": "AED",
+    "ريال": "SAR",
+    "ع.د": "IQD",
+    "ل.د": "LYD",
+    "د.ا": "JOD",
+    "دج": "DZD",
+}
+# A mark several currencies share whose usual reading CLDR's English data does not give.
+_PREFERRED: dict[str, str] = {"c$": "CAD"}
+
+# ISO 4217 minor units where CLDR's rounding digits differ (CLDR rounds these to whole units
+# for display); storage keeps what the standard defines.
+_ISO_MINOR_UNITS: dict[str, int] = {
+    "IQD": 3, **dict.fromkeys(
+        "AFN ALL IRR KPW LAK LBP MGA MMK RSD SLL SOS SYP YER".split(), 2
+    ),
+}
+
+# "AU$", "TT$", "CAD$": a territory or an ISO code glued to a dollar sign.
+_PREFIXED_DOLLAR = re.compile(r"^([a-z]{2,3})\$$")
+# Ordinary words that are also ISO codes; written in lower case they are words ("all", "top").
+_CODE_WORDS = frozenset("all top cup mad pen try bob mop sos php gel lak".split())
+# Symbols a mark may contain and still be "no mark" ("+ VAT", "~12", "12 *").
+_HARMLESS_SYMBOLS = frozenset("+=<>~|±×÷−^`´¨¯°")
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, Any]:
+    # Through importlib.resources: scrapyd runs the project from a zipped egg.
+    data = json.loads(resources.files(__package__).joinpath(INDEX_NAME).read_text(encoding="utf-8"))
+    data["codes"] = frozenset(data["codes"])
+    data["current"] = frozenset(data["current"])
+    return data
+
+
+def minor_units(code: str | None) -> int:
+    """Digits after the decimal mark for *code* (ISO 4217): 0 for JPY, 3 for KWD, else usually 2."""
+    if not code:
+        return 2
+    if code in _ISO_MINOR_UNITS:
+        return _ISO_MINOR_UNITS[code]
+    return int(_index()["precision"].get(code, 2))
+
+
+@lru_cache(maxsize=4096)
+def _codes_for(mark: str) -> tuple[str, ...]:
+    """Every current code *mark* may stand for, most used first ("" if none)."""
+    index = _index()
+    key = normalise_mark(mark)
+    if not key:
+        return ()
+    if key in _COMMON_MARKS:
+        return (_COMMON_MARKS[key],)
+    stripped = mark.strip(" .:")
+    if len(stripped) == 3 and stripped.isalpha() and stripped.isascii() and stripped.upper() in index["codes"]:
+        if not (stripped.islower() or stripped.istitle()) or stripped.lower() not in _CODE_WORDS:
+            return (stripped.upper(),)
+    for table in (index["symbols"], index["names"]):
+        found = table.get(key)
+        if found:
+            return tuple(found)
+    dollar = _PREFIXED_DOLLAR.match(key)
+    if dollar:
+        prefix = dollar.group(1).upper()
+        if prefix in index["codes"]:
+            return (prefix,)
+        dollars = set(index["symbols"].get("$", ()))
+        return tuple(code for code in _territory_codes(prefix) if code in dollars)[:1]
+    return ()
+
+
+@dataclass(frozen=True)
+class CurrencyReading:
+    """What a mark says: a code, or why there is none (``problem``)."""
+
+    code: str | None = None
+    problem: str | None = None
+
+
+def _decide(mark: str, codes: tuple[str, ...], default: str | None, territory: str | None) -> CurrencyReading:
+    if len(codes) == 1:
+        return CurrencyReading(codes[0])
+    if default in codes:
+        return CurrencyReading(default)
+    for code in _territory_codes(territory):
+        if code in codes:
+            return CurrencyReading(code)
+    key = normalise_mark(mark)
+    preferred = _PREFERRED.get(key) or _index()["preferred"].get(key)
+    if preferred in codes:
+        return CurrencyReading(preferred)
+    listed = ", ".join(sorted(codes)[:8])
+    return CurrencyReading(
+        problem=f"ambiguous currency {mark!r} ({listed}): set the spider's default_currency"
+    )
+
+
+def _is_letter(mark: str) -> bool:
+    key = normalise_mark(mark)
+    return len(key) == 1 and key.isascii() and key.isalpha()
+
+
+@lru_cache(maxsize=256)
+def _territory_codes(territory: str | None) -> tuple[str, ...]:
+    if not territory:
+        return ()
+    from babel.numbers import get_territory_currencies
+
+    try:
+        return tuple(get_territory_currencies(territory))
+    except Exception:  # an unknown territory decides nothing
+        return ()
+
+
+def read_mark(mark: str, default: str | None = None, territory: str | None = None) -> CurrencyReading | None:
+    """The currency *mark* names; None when it names none (a word, no symbol at all)."""
+    codes = _codes_for(mark)
+    if codes and _is_letter(mark):
+        # One letter ("R", "G", "L") is a currency only where the shop says so: elsewhere it is
+        # far more often a size or a grade than a rand or a gourde.
+        local = _territory_codes(territory)
+        codes = tuple(code for code in codes if code == default or code in local)
+        if not codes:
+            return None
+    if codes:
+        return _decide(mark, codes, default, territory)
+    if is_unreadable(mark):
+        return CurrencyReading(problem=f"unknown currency {mark!r}")
+    return None
+
+
+def is_unreadable(mark: str) -> bool:
+    """A mark made of symbols we cannot read (a rare sign, mojibake, U+FFFD), as opposed to words."""
+    for ch in mark:
+        if ch == "\ufffd":
+            return True
+        category = unicodedata.category(ch)
+        if category in ("Sc", "So", "Sk") or (category == "Sm" and ch not in _HARMLESS_SYMBOLS):
+            return True
+    return False
+
+
+def currency_of(text: str, default: str | None = None, territory: str | None = None) -> CurrencyReading:
+    """The currency a whole field names (``EUR``, ``€``, ``euro``, ``руб.``), for the currency field."""
+    text = " ".join(text.split())
+    if not text:
+        return CurrencyReading()
+    reading = read_mark(text, default, territory)
+    if reading is not None:
+        return reading
+    return CurrencyReading(problem=f"unknown currency {text[:50]!r}")
+
+
+@lru_cache(maxsize=256)
+def territory_of(language: str | None) -> str | None:
+    """The territory a language tag points to: ``en-CA`` -> CA, ``sv`` -> SE (CLDR likely subtags)."""
+    if not language:
+        return None
+    parts = re.split(r"[-_]", language.strip())
+    for part in parts[1:]:
+        if len(part) == 2 and part.isalpha():
+            return part.upper()
+    from babel.core import get_global
+
+    likely = get_global("likely_subtags").get(parts[0].lower())
+    if likely:
+        tail = likely.split("_")[-1]
+        if len(tail) == 2 and tail.isalpha():
+            return tail.upper()
+    return None
