@@ -9,6 +9,9 @@
    ratio to one process.
    The pipeline is also run with at-least-once delivery off (``SCHEDULER_LEASE_TIMEOUT=0``):
    the cost of leases is the ratio of the two.
+2a. The scraping-API path's own cost: the same shop (0 ms per page) crawled through the whole
+   pipeline directly and through the local stand-in (0 ms added); CPU ms per page of the crawler
+   process (the stand-in's own CPU is not counted) and the difference.
 2b. Redelivery: a worker holding leases is SIGKILLed; a fresh worker starts at once. Prints how
    long until the first of the dead worker's requests is back in the queue and until all of them
    have been fetched again (bounded by the lease timeout plus one reaping tick).
@@ -148,6 +151,26 @@ def api_scaling(products: int, redis_url: str, dsn: str, delay_ms: int = 200) ->
             proc.terminate()
             proc.wait()
     return results
+
+
+def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str, float]]:
+    """The crawler's CPU per page fetching directly vs through the stand-in, at 0 ms latency."""
+    site, url = start_site(products)
+    key = "bench-key-overhead"
+    api, api_url = start_standin(key, 0)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        out = {}
+        for name, extra in (("direct", {}), ("api", {"SCRAPING_API_KEY": key, "SCRAPING_API_URL": api_url})):
+            redis.Redis.from_url(redis_url).flushdb()
+            drop_tables(dsn)
+            out[name] = crawl({**env, **extra}, [])
+        return out
+    finally:
+        for proc in (site, api):
+            proc.terminate()
+            proc.wait()
 
 
 def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
@@ -336,6 +359,7 @@ def main() -> None:
     parser.add_argument("--dupefilter-urls", type=int, default=1_000_000)
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
+    parser.add_argument("--only", choices=["api-overhead"], default=None, help="run one part alone")
     args = parser.parse_args()
 
     found = backends.resolve(Settings({
@@ -348,6 +372,17 @@ def main() -> None:
     dsn = recreate_database(found.database_url)
     print(f"backends: Redis {'embedded' if found.embedded_redis else 'server'}, "
           f"Postgres {'embedded' if found.embedded_postgres else 'server'}", flush=True)
+
+    print(f"\ncrawling {args.api_products} products (0 ms per page) through the whole pipeline, directly "
+          f"and through the scraping-API stand-in (0 ms added) ...", flush=True)
+    over = api_overhead(args.api_products, redis_url, dsn)
+    for name, r in over.items():
+        print(f"{name:8} {r['pages']:>6.0f} pages {r['pages_per_s']:>8.1f} pages/s {r['cpu_ms_per_page']:>7.2f} CPU ms/page")
+    print(f"the API path costs {over['api']['cpu_ms_per_page'] - over['direct']['cpu_ms_per_page']:+.2f} CPU ms "
+          f"per page in the crawler ({over['api']['cpu_ms_per_page'] / over['direct']['cpu_ms_per_page']:.2f}x)",
+          flush=True)
+    if args.only == "api-overhead":
+        return
 
     for delay in args.latency:
         site, url = start_site(args.products, delay)

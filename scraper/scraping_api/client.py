@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
-
 import aiohttp
 from multidict import CIMultiDictProxy
 
@@ -98,6 +96,3 @@ def is_usable() -> bool:
     except Exception:
         return False
 
-
-def describe(exc: Any) -> str:
-    return f"{type(exc).__name__}: {redact(str(exc))[:300]}"
