@@ -49,7 +49,8 @@ COUNTERS = {
     "scraper_politeness_wait_seconds_total",
 }
 GAUGES = {
-    "scraper_api_budget_credits", "scraper_queue_depth", "scraper_queue_oldest_age_seconds",
+    "scraper_api_budget_credits", "scraper_api_run_spent_credits", "scraper_queue_depth",
+    "scraper_queue_oldest_age_seconds",
     "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_storage_max_pending_rows",
     "scraper_spider_open",
     "scraper_last_response_timestamp_seconds",
@@ -241,7 +242,8 @@ def test_alert_unit_tests_use_only_exported_metrics():
         (("(max by (spider) (scraper_spider_open offset 10m) > 0)", "(max by (spider) (scraper_spider_open) > 0)"),
          "ScraperCrawlStalled"),
         # a budget of 0 means no budget
-        (("/ (scraper_api_budget_credits > 0)", "/ scraper_api_budget_credits"), "ScraperApiBudgetNearlySpent"),
+        (("/ (max by (spider) (scraper_api_budget_credits) > 0)", "/ max by (spider) (scraper_api_budget_credits)"),
+         "ScraperApiBudgetNearlySpent"),
     ],
 )
 def test_unit_tests_catch_a_broken_rule(promtool, tmp_path, change, fails):

@@ -92,7 +92,7 @@ class Command(ScrapyCommand):
         stats = crawler.stats.get_stats()
         print(f"\ndemo: {summarize(stats, elapsed)}")
         if api is not None:
-            print(f"demo: {stats.get('scraping_api/credits', 0):.0f} scraping-API credits spent")
+            print(f"demo: {stats.get('scraping_api/credits', 0):.0f} microcents spent through the scraping-API stand-in")
         conn = psycopg2.connect(found.database_url)
         try:
             with conn.cursor() as cur:

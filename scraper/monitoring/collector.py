@@ -75,8 +75,11 @@ class CrawlCollector(Collector):
                        dict(errors))
         yield _counter("scraper_api_credits", "Scraping-API credits spent.", ["spider"],
                        {(s,): get("scraping_api/credits")})
-        yield _gauge("scraper_api_budget_credits", "The crawl's scraping-API credit budget (0: none).", s,
+        yield _gauge("scraper_api_budget_credits", "The run's scraping-API budget, shared by the fleet (0: none).", s,
                      float(self.crawler.settings.getfloat("SCRAPING_API_BUDGET", 0) or 0))
+        yield _gauge("scraper_api_run_spent_credits",
+                     "What every worker of the current run has spent of the scraping-API budget, as last seen.", s,
+                     get("scraping_api/run_spent"))
 
         queue = self.queue_info()
         yield _gauge("scraper_queue_depth", "Requests waiting in the shared queue.", s, queue.get("depth", 0))

@@ -346,6 +346,8 @@ class ScrapingApiMiddleware:
         finally:
             if reservation is not None:
                 self.budget.settle(reservation, billed)
+            # The run's spending across the fleet as this worker last saw it (its own without a budget).
+            self.stats.set_value("scraping_api/run_spent", self.budget.spent)
         # What the downloader would have recorded: the latency metrics stay per target domain.
         request.meta["download_latency"] = time.monotonic() - started
         return self._to_response(request, result)
