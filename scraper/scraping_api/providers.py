@@ -20,6 +20,7 @@ never a Scrapy request.
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import random
 from dataclasses import dataclass, field
@@ -265,10 +266,12 @@ class Provider:
         return f"<{type(self).__name__} {self.base_url}>"
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - COMMON_OPTIONS - self.OPTIONS)
+        known = COMMON_OPTIONS | self.OPTIONS
+        unknown = sorted(set(options) - known)
         if unknown:
-            known = ", ".join(sorted(COMMON_OPTIONS | self.OPTIONS))
-            raise OptionError(f"unknown {self.name} option(s) {', '.join(unknown)} (known: {known})")
+            hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1))
+                     else name for name in unknown]
+            raise OptionError(f"unknown {self.name} option(s) {', '.join(hints)}; known: {', '.join(sorted(known))}")
 
     def estimate(self, options: Mapping[str, Any]) -> float:
         return self.render_cost if _as_bool(options.get("render_js")) else self.base_cost
