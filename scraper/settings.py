@@ -24,6 +24,13 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
                             worker gets it again (60); 0 turns at-least-once delivery off.
+``RUNS_NODE_TTL``           Seconds without a heartbeat after which a node of another host
+                            counts as gone (60); a node of this host whose process is gone
+                            counts as gone at once. A run with no node left, nothing queued
+                            and nothing leased is finished.
+``RUNS_REPORT_INTERVAL``    Seconds between a node's reports of its figures to the run (5).
+``RUNS_FRESH``              Discard a stopped run instead of resuming it (false); what
+                            ``scrapy crawl --fresh`` sets.
 ``DUPEFILTER_BACKEND``      Where the seen requests are kept: ``set`` (exact, ~90 bytes per URL)
                             or ``bloom`` (a Bloom filter, ~1.8 bytes per URL at 0.1%).
 ``DUPEFILTER_BLOOM_CAPACITY``  URLs the Bloom filter is sized for (10000000: 18 MB at 0.1%).
@@ -121,6 +128,10 @@ SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
 # A request redelivered this many times (its workers keep dying) becomes a dead letter.
 SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
+# Runs (scraper/runs): a node of another host that stays silent this long is gone.
+RUNS_NODE_TTL = _env("RUNS_NODE_TTL", "60")
+RUNS_REPORT_INTERVAL = _env("RUNS_REPORT_INTERVAL", "5")
+RUNS_FRESH = _env("RUNS_FRESH", "false")
 # set | bloom. A Bloom filter takes its full size (here 18 MB) when the crawl opens it, whatever
 # it holds, and past its capacity skips more new pages than its error rate says.
 DUPEFILTER_BACKEND = _env("DUPEFILTER_BACKEND", "set")
@@ -149,6 +160,7 @@ EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
     "scraper.monitoring.exporter.MetricsExporter": 200,
     "scraper.extensions.summary.CrawlSummary": 900,
+    "scraper.runs.recorder.RunRecorder": 150,
     "scraper.extensions.progress.ProgressLog": 500,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
