@@ -7,7 +7,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             Unset: an embedded Redis under ``DATA_DIR``.
 ``DATABASE_URL``            Postgres, e.g. ``postgresql://user:password@host:5432/db``.
                             Unset: an embedded Postgres under ``DATA_DIR``.
-``DATA_DIR``                Where embedded servers keep their data (``.data``).
+``DATA_DIR``                Where embedded servers keep their data (``.data``), relative to the
+                            project root (the folder of ``scrapy.cfg``).
 ``DEMO_SITE_URL``           Start URL of the ``demo`` spider (``http://127.0.0.1:8765/``).
 ``CONCURRENT_REQUESTS``     Scrapy's global concurrency (32).
 ``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
@@ -47,8 +48,11 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``METRICS_ENABLED``         Serve Prometheus metrics from each crawl process (true).
 ``METRICS_BIND``            Address of the metrics endpoint (127.0.0.1).
 ``METRICS_PORT``            First port tried for it (9410); ``METRICS_PORT_RANGE`` ports are tried (50).
-``METRICS_FILE_SD_DIR``     Where each process announces its endpoint to Prometheus (file_sd),
-                            default ``DATA_DIR/metrics-targets``.
+``METRICS_FILE_SD_DIR``     Where each crawl process announces its endpoint to Prometheus (file_sd),
+                            default ``DATA_DIR/metrics-targets``; files of processes that are
+                            gone are removed by the next process on the host.
+``METRICS_ANNOUNCE``        Write that target file (false; ``scrapy crawl`` and scrapyd jobs
+                            set it: other commands announce nothing).
 ``METRICS_LINGER``          Seconds to keep serving after the spider closed (0).
 ``SCRAPING_API_KEY``        Key of the scraping API; unset, pages are fetched directly. Never logged.
 ``SCRAPING_API_URL``        Base URL of the scraping API; unset, the provider's own.
@@ -203,6 +207,8 @@ METRICS_PORT = _env("METRICS_PORT", "9410")
 METRICS_PORT_RANGE = _env("METRICS_PORT_RANGE", "50")
 METRICS_FILE_SD_DIR = _env("METRICS_FILE_SD_DIR")  # default: DATA_DIR/metrics-targets
 METRICS_LINGER = _env("METRICS_LINGER", "0")
+# Announce this process in METRICS_FILE_SD_DIR; `scrapy crawl` (so every scrapyd job) turns it on.
+METRICS_ANNOUNCE = _env("METRICS_ANNOUNCE", "false")
 
 FEED_EXPORT_ENCODING = "utf-8"
 
