@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -58,6 +59,13 @@ def test_a_killed_worker_never_makes_the_next_run_a_no_op(clean) -> None:
     runs = clean.query("SELECT run_id, state, items_updated, items_new FROM crawl_runs ORDER BY run_id")
     assert [(r, s) for r, s, _, _ in runs] == [(1, "finished"), (2, "finished"), (3, "finished"), (4, "finished")]
     assert runs[1][2] == runs[3][2] == 5
+    # `scrapy runs` shows the same, newest first; the killed worker counts as a node seen.
+    shown = run_scrapy(env, "runs", "demo", "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["run_id"], r["state"], r["items_updated"]) for r in rows] == [(4, "finished", 5), (3, "finished", 0),
+                                                                             (2, "finished", 5), (1, "finished", 0)]
+    assert rows[3]["nodes_seen"] == 2 and rows[0]["items_unchanged"] == valid - 5 and rows[0]["pages"] > valid
 
 
 class Logged:

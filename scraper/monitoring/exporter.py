@@ -43,6 +43,7 @@ from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
 from ..redis_client import get_redis
+from ..runs.metrics import RunCollector
 from .collector import CrawlCollector, queue_reader
 
 logger = logging.getLogger(__name__)
@@ -65,12 +66,16 @@ class MetricsExporter:
             sd_dir = str(data_dir(settings) / "metrics-targets")
         self.sd_dir = project_root() / sd_dir if sd_dir else None
         self.announce = get_bool(settings, "METRICS_ANNOUNCE", False)
+        # Prometheus keeps scraping a target for a few seconds after its file is gone: a port
+        # just freed by a dead process is not taken again, or those scrapes would count us twice.
+        self.avoid_ports: set[int] = set()
         if self.sd_dir is not None:
-            sweep_targets(self.sd_dir)
+            self.avoid_ports = {int(p.stem.rsplit("-", 1)[1]) for p in sweep_targets(self.sd_dir)}
 
         self.registry = CollectorRegistry()
         self.collector = CrawlCollector(crawler, queue_reader(crawler, get_redis(settings["REDIS_URL"])))
         self.registry.register(self.collector)
+        self.registry.register(RunCollector(crawler, get_redis(settings["REDIS_URL"])))
         ProcessCollector(registry=self.registry)
         self.latency = Histogram(
             "scraper_download_latency_seconds", "Time to download a page.", ["spider", "domain"],
@@ -117,6 +122,8 @@ class MetricsExporter:
     def _serve(self) -> None:
         ports = [0] if self.port == 0 else range(self.port, self.port + self.port_range)
         for port in ports:
+            if port in self.avoid_ports:
+                continue
             try:
                 self.httpd, _thread = start_http_server(port, addr=self.bind, registry=self.registry)
             except OSError:
