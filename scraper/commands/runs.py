@@ -46,7 +46,8 @@ def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | N
         "started": record._ts(raw.get("started")), "finished": record._ts(raw.get("finished")),
         "finish_reason": raw.get("reason") if state != "running" else None, "nodes_seen": nodes,
     }
-    row.update({column: figures.get(stat, 0) for column, stat in record.FIGURES.items()})
+    row.update({column: figures.get(stat, 0) if column == "api_credits" else int(figures.get(stat, 0))
+                for column, stat in record.FIGURES.items()})
     return row
 
 
@@ -107,7 +108,8 @@ class Command(ScrapyCommand):
         if not rows:
             print("no runs yet")
             return
-        print(f"{'spider':14}" + "".join(f"{title:>10}" for title, _ in SHOWN) + "  reason")
+        print(f"{'spider':14}" + "".join(f"{title:>13}" if column == "started" else f"{title:>10}"
+                                          for title, column in SHOWN) + "  reason")
         for row in rows:
             cells = []
             for _title, column in SHOWN:
@@ -118,6 +120,6 @@ class Command(ScrapyCommand):
                 else:
                     value = row.get(column, "")
                     value = f"{value:.0f}" if isinstance(value, float) else value
-                cells.append(f"{value!s:>10}")
+                cells.append(f"{value!s:>13}" if column == "started" else f"{value!s:>10}")
             print(f"{row['spider']:14}" + "".join(cells) + f"  {row.get('finish_reason') or ''}")
         sys.stdout.flush()
