@@ -22,7 +22,8 @@ def test_a_killed_crawls_target_is_swept_and_prometheus_sums_only_the_live(clean
     base = free_port()
     with DemoSite(Catalog(products=40), delay_ms=60) as site:
         env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_PORT=str(base), METRICS_PORT_RANGE="20",
-                        METRICS_FILE_SD_DIR=str(targets), CONCURRENT_REQUESTS_PER_DOMAIN="2")
+                        METRICS_FILE_SD_DIR=str(targets), CONCURRENT_REQUESTS_PER_DOMAIN="2",
+                        SCHEDULER_LEASE_TIMEOUT="3")  # the killed crawl's leases come back soon
         # Other commands announce nothing.
         assert run_scrapy(env, "queue", "demo", "--json", "--interval", "0.1").returncode == 0
         assert list(targets.glob("*.json")) == []
