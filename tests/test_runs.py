@@ -85,7 +85,7 @@ class Logged:
 
 
 def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
-    catalog = Catalog(products=30)
+    catalog = Catalog(products=50)
     pages = sorted(catalog.pages())
     with DemoSite(catalog, delay_ms=30) as site:
         env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS_PER_DOMAIN="2",
@@ -93,7 +93,7 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
                         POSTGRES_FLUSH_INTERVAL="2", POSTGRES_BATCH_SIZE="10000")
         served = lambda: sum(n for p, n in site.stats()["requests"].items() if p != "/robots.txt")  # noqa: E731
         stages = {
-            "fetching": lambda c: served() >= 10,
+            "fetching": lambda c: served() >= 15,
             "idle wait": lambda c: "Shared queue empty; closing in" in c.text(),
             # Every page fetched, the last items still wait for the writer's next flush.
             "final flush": lambda c: served() >= len(pages),
