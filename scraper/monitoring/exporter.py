@@ -7,9 +7,16 @@ collide. Each process binds the first free port of ``METRICS_PORT`` ..
 file in ``METRICS_FILE_SD_DIR``, which it removes when it stops. Point Prometheus'
 ``file_sd_configs`` at that folder and every process is found, whatever port it got.
 
+A target file must never outlive its process, or Prometheus sums a dead process' last counts
+with the live ones: it is removed on every way out of the process (spider closed, exit,
+exception), and a process killed outright (SIGKILL, OOM) has its file removed by the next
+process on the host that loads this extension. Only crawl processes announce a target
+(``METRICS_ANNOUNCE``, set by ``scrapy crawl`` and so by scrapyd jobs): ``scrapy fetch`` and
+friends serve nothing worth scraping.
+
 Settings: ``METRICS_ENABLED`` (true), ``METRICS_BIND``, ``METRICS_PORT`` (9410; 0 for any free
-port), ``METRICS_PORT_RANGE`` (50), ``METRICS_FILE_SD_DIR`` (``DATA_DIR/metrics-targets``; empty
-to disable), ``METRICS_MAX_DOMAINS`` (50: latency is labelled per domain for that many domains,
+port), ``METRICS_PORT_RANGE`` (50), ``METRICS_FILE_SD_DIR`` (``DATA_DIR/metrics-targets``, relative
+to the project root; empty to disable), ``METRICS_MAX_DOMAINS`` (50: latency is labelled per domain for that many domains,
 the rest as ``other``), ``METRICS_LINGER`` (0: seconds to keep serving after the spider
 closed, so that a short job's final counts are scraped).
 """
@@ -17,6 +24,7 @@ closed, so that a short job's final counts are scraped).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -31,8 +39,11 @@ from prometheus_client.exposition import start_http_server
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from .. import procs
 from ..config import get_bool, get_float, get_int
+from ..embedded import data_dir, project_root
 from ..redis_client import get_redis
+from ..runs.metrics import RunCollector
 from .collector import CrawlCollector, queue_reader
 
 logger = logging.getLogger(__name__)
@@ -52,12 +63,19 @@ class MetricsExporter:
         self.linger = get_float(settings, "METRICS_LINGER", 0.0, minimum=0)
         sd_dir = settings.get("METRICS_FILE_SD_DIR")
         if sd_dir is None:
-            sd_dir = os.path.join(str(settings.get("DATA_DIR") or ".data"), "metrics-targets")
-        self.sd_dir = Path(sd_dir) if sd_dir else None
+            sd_dir = str(data_dir(settings) / "metrics-targets")
+        self.sd_dir = project_root() / sd_dir if sd_dir else None
+        self.announce = get_bool(settings, "METRICS_ANNOUNCE", False)
+        # Prometheus keeps scraping a target for a few seconds after its file is gone: a port
+        # just freed by a dead process is not taken again, or those scrapes would count us twice.
+        self.avoid_ports: set[int] = set()
+        if self.sd_dir is not None:
+            self.avoid_ports = {int(p.stem.rsplit("-", 1)[1]) for p in sweep_targets(self.sd_dir)}
 
         self.registry = CollectorRegistry()
         self.collector = CrawlCollector(crawler, queue_reader(crawler, get_redis(settings["REDIS_URL"])))
         self.registry.register(self.collector)
+        self.registry.register(RunCollector(crawler, get_redis(settings["REDIS_URL"])))
         ProcessCollector(registry=self.registry)
         self.latency = Histogram(
             "scraper_download_latency_seconds", "Time to download a page.", ["spider", "domain"],
@@ -87,7 +105,7 @@ class MetricsExporter:
     def spider_opened(self, spider: Any) -> None:
         self.collector.spider_open = True
         self._serve()
-        if self.httpd is not None and self.sd_dir is not None:
+        if self.httpd is not None and self.sd_dir is not None and self.announce:
             self._announce()
 
     async def spider_closed(self, spider: Any) -> None:
@@ -104,6 +122,8 @@ class MetricsExporter:
     def _serve(self) -> None:
         ports = [0] if self.port == 0 else range(self.port, self.port + self.port_range)
         for port in ports:
+            if port in self.avoid_ports:
+                continue
             try:
                 self.httpd, _thread = start_http_server(port, addr=self.bind, registry=self.registry)
             except OSError:
@@ -132,6 +152,7 @@ class MetricsExporter:
             temp.write_text(json.dumps(target))
             temp.replace(path)
             self.target_file = path
+            atexit.register(self._withdraw)  # whatever way the process ends short of SIGKILL
         except OSError as exc:
             logger.warning("Could not write the Prometheus target file in %s: %s", self.sd_dir, exc)
 
@@ -160,3 +181,30 @@ class MetricsExporter:
             self._domains.add(host)
             return host
         return "other"
+
+
+def sweep_targets(folder: Path) -> list[Path]:
+    """Remove the target files of this host's processes that are gone; returns them.
+
+    A file is named ``<host>-<pid>-<port>.json``; its process is gone if the pid does not run,
+    or runs but started after the file was written (the pid was reused)."""
+    host = socket.gethostname()
+    removed = []
+    try:
+        files = list(folder.glob(f"{host}-*-*.json"))
+    except OSError:
+        return removed
+    for path in files:
+        name_host, pid, _port = path.stem.rsplit("-", 2)
+        if name_host != host or not pid.isdigit():
+            continue
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            continue
+        if not procs.is_alive(int(pid), written_at=written):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("Removed %d metrics target file(s) of processes that are gone from %s", len(removed), folder)
+    return removed

@@ -32,6 +32,16 @@ def escalated_key(spider_name: str) -> str:
     return f"{spider_name}:scraping_api:escalated"
 
 
+def run_key(spider_name: str) -> str:
+    """The spider's current run: id, state, started/stopped/finished times, last reason."""
+    return f"{spider_name}:run"
+
+
+def run_figures_key(spider_name: str, run_id: int) -> str:
+    """Each node's figures for run *run_id* (node id -> JSON), summed into the run's figures."""
+    return f"{spider_name}:run:{run_id}:figures"
+
+
 def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
     """Keys that describe one run of a crawl and are dropped when that run completes.
 

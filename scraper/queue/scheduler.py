@@ -2,9 +2,11 @@
 
 What differs from scrapy-redis' own:
 
-* the queue and the seen-set always persist: one node closing never wipes them for the others;
-  they are dropped only by the last node out of a crawl that *finished* (queue drained), so a
-  stopped crawl resumes where it left off and a finished one can be run again;
+* every node starts, resumes or joins a *run* (see :mod:`scraper.runs.state`) and says which;
+  the queue and the seen-set persist with the run: one node closing never wipes them for the
+  others, and they are dropped only when the run is finished (queue drained, nothing leased,
+  no node alive), by the last node out or by the next start, so a stopped run resumes where
+  it left off and a finished one can be run again;
 * requests are JSON (see :mod:`scraper.queue.serializer`), never pickle;
 * a request that cannot be queued is one clear error naming spider and callback, not a crash;
 * the dupefilter uses Scrapy's ``REQUEST_FINGERPRINTER_CLASS`` and a local pre-check, keeps
@@ -17,7 +19,8 @@ What differs from scrapy-redis' own:
 
 Settings: ``SCHEDULER_QUEUE_CLASS``, ``SCHEDULER_SERIALIZER``, ``SCHEDULER_FLUSH_ON_START``,
 ``SCHEDULER_DUPEFILTER_LOCAL_CACHE``, ``SCHEDULER_IDLE_TIMEOUT`` (see :mod:`scraper.extensions.idle_close`),
-``DUPEFILTER_BACKEND``, ``DUPEFILTER_EXPIRY``, ``DUPEFILTER_BLOOM_CAPACITY``, ``DUPEFILTER_BLOOM_ERROR_RATE``.
+``DUPEFILTER_BACKEND``, ``DUPEFILTER_EXPIRY``, ``DUPEFILTER_BLOOM_CAPACITY``, ``DUPEFILTER_BLOOM_ERROR_RATE``,
+``RUNS_NODE_TTL``, ``RUNS_FRESH``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import importlib
 import logging
 import time
 from typing import Any
+
+from twisted.internet import defer
 
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
@@ -36,6 +41,7 @@ from ..redis_client import UNREACHABLE, get_redis
 from . import keys
 from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
+from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
 from .queues import LEASE_META, RequestSerializationError
 
@@ -62,6 +68,8 @@ class SharedScheduler(Scheduler):
         instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
         instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
         instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
+        instance.node_ttl = get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
+        instance.fresh = get_bool(settings, "RUNS_FRESH", False)
         seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on
         return instance
 
@@ -75,7 +83,7 @@ class SharedScheduler(Scheduler):
             stats=self.stats,
             store=make_store(self.server, spider.name, self.crawler.settings),
         )
-        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), info=self._node_info)
+        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), ttl=self.node_ttl, info=self._node_info)
         self._unserializable_logged: set[str] = set()
         self._last_redis_warning = float("-inf")
         self._no_reap_until = float("-inf")
@@ -96,17 +104,107 @@ class SharedScheduler(Scheduler):
             self.queue.leases = self.leases
         if self.flush_on_start:
             self.flush()
+        self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases)
+        self._closing = False
+        self._beat_loop: Any = None
+        self._last_lease_report = float("-inf")
+        self._lease_wait_since: float | None = None
+        decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh)
+        if decision.action == "wait":
+            # Not on the reactor thread's time: the engine awaits this before the start requests.
+            return defer.ensureDeferred(self._wait_to_begin(decision))
+        self._begun(decision)
+        return None
+
+    def _run_keys(self) -> list[str]:
+        return keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
+
+    def _lowest_next_id(self) -> int:
+        # Only when Redis has no run record (first run, or Redis lost its data): then Postgres
+        # knows which ids are taken.
+        if self.run.has_run_record():
+            return 0
+        dsn = self.crawler.settings.get("DATABASE_URL")
+        if not dsn:
+            return 0
+        from ..runs import record
+
+        try:
+            return record.highest_run_id(dsn, self.spider.name)
+        except Exception as exc:  # the run still starts; its row is written when Postgres is back
+            logger.warning("Could not read the recorded runs of %r: %s", self.spider.name, exc)
+            return 0
+
+    async def _wait_to_begin(self, decision: Decision) -> None:
+        from twisted.internet import reactor, task
+
+        last_report = float("-inf")
+        while decision.action == "wait" and not self._closing:
+            if time.monotonic() - last_report >= 10:
+                last_report = time.monotonic()
+                self._report_run_wait(decision)
+            await task.deferLater(reactor, 0.25, lambda: None)
+            decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh)
+        if not self._closing:
+            self._begun(decision)
+
+    def _report_run_wait(self, decision: Decision) -> None:
+        now = time.time()
+        live = self.nodes.live(now)
+        newest = max(live.values(), default=now)
+        logger.info(
+            "Waiting for run %d of %s: %d live node%s (%s; last heartbeat %.0f s ago) with nothing queued or "
+            "leased. If they queue more, this node joins; once they leave (or stay silent until %s, "
+            "RUNS_NODE_TTL=%gs) the run is finished and this node starts the next",
+            decision.run_id, self.spider.name, len(live), "" if len(live) == 1 else "s",
+            ", ".join(n.rsplit(":", 1)[0] for n in sorted(live)) or "none", now - newest,
+            time.strftime("%H:%M:%S", time.localtime(newest + self.node_ttl)), self.node_ttl,
+        )
+
+    def _begun(self, decision: Decision) -> None:
+        from twisted.internet import task
+
+        name = self.spider.name
+        if decision.finished_previous and decision.dropped:
+            logger.warning("Discarded run %d of %s (--fresh): %d queued or leased requests dropped",
+                           decision.finished_previous, name, decision.dropped)
+        elif decision.finished_previous and decision.action == "start":
+            logger.info("Run %d of %s had finished (no node left, nothing queued or leased): recorded as "
+                        "finished now", decision.finished_previous, name)
         if self.leases is not None:
             self._reap()  # requests a worker of an earlier run died holding
-            from twisted.internet import task
-
             self.crawler.signals.connect(self._abandon, signal=lease_abandoned)
             self._lease_loop = task.LoopingCall(self._tend_leases)
             self._lease_loop.start(max(0.05, min(0.5, self.lease_timeout / 6)), now=False)
-        pending = len(self.queue)
-        if pending:
-            logger.info("Resuming crawl (%d requests scheduled in the shared queue)", pending)
         self.nodes.beat(force=True)
+        # Heartbeats also while the engine does not ask for requests (downloads saturated).
+        self._beat_loop = task.LoopingCall(self._beat)
+        self._beat_loop.start(min(1.0, self.node_ttl / 6), now=False)
+        self.run_decision = decision
+        logger.info("%s", self._start_line(decision))
+
+    def _start_line(self, decision: Decision) -> str:
+        name, run_id = self.spider.name, decision.run_id
+        if decision.action == "join":
+            return f"joining run {run_id} of {name} ({decision.live} live node{'' if decision.live == 1 else 's'})"
+        queued = len(self.queue)
+        if decision.action == "start":
+            return f"starting run {run_id} of {name}" + (f" ({queued:,} queued)" if queued else "")
+        details = [f"{queued:,} queued"]
+        summary = self.run.lease_summary()
+        if summary.stopped:
+            wait = max(0.0, summary.stopped_back_at - time.time())
+            details.append(f"{summary.stopped:,} leased by {'a worker' if len(summary.stopped_owners) == 1 else 'workers'}"
+                           f" that stopped; they return in {wait:.0f} s")
+        return f"resuming run {run_id} of {name} ({', '.join(details)})"
+
+    def _beat(self) -> None:
+        try:
+            self.nodes.beat()
+        except UNREACHABLE as exc:
+            self._redis_down(exc)
+        except Exception as exc:
+            logger.warning("Could not send this node's heartbeat: %s", exc)
 
     def _node_info(self) -> dict[str, Any]:
         stats = self.crawler.stats
@@ -176,8 +274,10 @@ class SharedScheduler(Scheduler):
             )
 
     def close(self, reason: str) -> None:
-        if self._lease_loop is not None and self._lease_loop.running:
-            self._lease_loop.stop()
+        self._closing = True
+        for loop in (self._lease_loop, getattr(self, "_beat_loop", None)):
+            if loop is not None and loop.running:
+                loop.stop()
         try:
             self._close(reason)
         except UNREACHABLE as exc:
@@ -201,25 +301,28 @@ class SharedScheduler(Scheduler):
         if self.leases is not None:
             # The engine has drained: everything this node still holds is done.
             self.leases.ack(set(self.leases.mine))
-        finished = reason == "finished"
-        run_keys = keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
-        outcome = self.nodes.leave(self.queue.key, finished, run_keys,
-                                   leases_key=self.leases.deadlines_key if self.leases else None)
-        if outcome == -1 and self.df.run_keys():
+        if not self.run.run_id:
+            return  # closed while waiting to begin: never part of a run
+        outcome, live = self.run.leave(reason, self._run_keys())
+        self.run_outcome = outcome
+        name, run_id = self.spider.name, self.run.run_id
+        if outcome == "finished" and self.df.run_keys():
+            logger.info("Run %d of %s finished on every node: its seen-set was cleared so the next run starts fresh",
+                        run_id, name)
+        elif outcome == "finished":
             logger.info(
-                "Crawl of %r complete on every node: its seen-set was cleared so the next run starts fresh",
-                self.spider.name,
+                "Run %d of %s finished on every node: its seen-set is kept, each fingerprint for at most "
+                "DUPEFILTER_EXPIRY=%gs after it was claimed", run_id, name, self.df.store.expiry,
             )
-        elif outcome == -1:
-            logger.info(
-                "Crawl of %r complete on every node: its seen-set is kept, each fingerprint for at most "
-                "DUPEFILTER_EXPIRY=%gs after it was claimed", self.spider.name, self.df.store.expiry,
-            )
-        elif not finished or len(self.queue):
-            logger.info(
-                "Spider %r closed (%s) with %d requests left in the shared queue; they resume on the next start",
-                self.spider.name, reason, len(self.queue),
-            )
+        elif outcome == "stopped":
+            logger.info("Run %d of %s stopped (%s) with %d requests left in the shared queue; the next "
+                        "`scrapy crawl %s` resumes it", run_id, name, reason, len(self.queue), name)
+        elif outcome == "gone":
+            logger.warning("Run %d of %s was ended by another node while this one was silent for over "
+                           "RUNS_NODE_TTL=%gs", run_id, name, self.node_ttl)
+        else:
+            logger.info("Spider %r closed (%s); run %d goes on with %d other live node%s", name, reason, run_id,
+                        live, "" if live == 1 else "s")
 
     def flush(self) -> None:
         self.df.clear()
@@ -280,6 +383,28 @@ class SharedScheduler(Scheduler):
             logger.warning("Redis unreachable (%s): %d requests wait to be queued; retrying",
                            type(exc).__name__, self.queue.staged_count())
 
+    def _report_lease_wait(self) -> None:
+        now = time.monotonic()
+        if self._lease_wait_since is None:
+            self._lease_wait_since = now
+        # At once for a stopped worker's leases (the wait can be long), after 10 s for live ones.
+        if now - self._last_lease_report < 10 or (self._last_lease_report == float("-inf") and now - self._lease_wait_since < 2):
+            return
+        summary = self.run.lease_summary(self.leases.mine)
+        if summary.stopped:
+            self._last_lease_report = now
+            back = summary.stopped_back_at
+            logger.info("Waiting for %d requests leased by %s that stopped (%s): they return to the queue by "
+                        "%s (in %.0f s, SCHEDULER_LEASE_TIMEOUT)", summary.stopped,
+                        "a worker" if len(summary.stopped_owners) == 1 else "workers",
+                        ", ".join(sorted(summary.stopped_owners)), time.strftime("%H:%M:%S", time.localtime(back)),
+                        max(0.0, back - time.time()))
+        elif summary.live and now - self._lease_wait_since >= 10:
+            self._last_lease_report = now
+            logger.info("Waiting for %d requests leased by live workers: they finish there, or return to the "
+                        "queue within SCHEDULER_LEASE_TIMEOUT=%gs if their worker stops", summary.live,
+                        self.lease_timeout)
+
     def next_request(self) -> Request | None:
         try:
             self.nodes.beat()
@@ -297,9 +422,15 @@ class SharedScheduler(Scheduler):
             return True
         try:
             if len(self.queue) > 0:
+                self._lease_wait_since = None
                 return True
             # Another worker's leases: if it dies, its requests come back here.
-            return self.leases is not None and self.leases.outstanding_elsewhere() > 0
+            waiting = self.leases is not None and self.leases.outstanding_elsewhere() > 0
+            if waiting:
+                self._report_lease_wait()
+            else:
+                self._lease_wait_since = None
+            return waiting
         except UNREACHABLE as exc:
             self._redis_down(exc)
             return True  # unknown: a crawl is not finished because Redis is away

@@ -1,0 +1,125 @@
+"""``scrapy runs [spider...]``: the runs of each spider, their state and figures.
+
+Rows come from the ``crawl_runs`` table; the current run of each spider is completed from
+Redis (its state as the fleet sees it now, and its figures summed over its nodes), so a run in
+progress shows its live numbers. ``--json`` prints one object per run, ``--limit`` the number
+of runs per spider (20).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from argparse import ArgumentParser, Namespace
+from typing import Any
+
+from scrapy.commands import ScrapyCommand
+
+from . import backends_or_report
+from ..config import get_float
+from ..queue import keys
+from ..queue.nodes import NodeRegistry
+from ..redis_client import get_redis
+from ..runs import record
+from ..runs.state import summed_figures
+
+SHOWN = [("run", "run_id"), ("state", "state"), ("started", "started"), ("took", "took"), ("nodes", "nodes_seen"),
+         ("pages", "pages"), ("new", "items_new"), ("updated", "items_updated"), ("same", "items_unchanged"),
+         ("rejected", "items_rejected"), ("dupes", "duplicates"), ("dead", "dead_letters"),
+         ("credits", "api_credits"), ("redeliv", "redeliveries")]
+
+
+def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | None:
+    """The spider's current run as Redis has it, with live state and summed figures."""
+    raw = {k.decode(): v.decode() for k, v in server.hgetall(keys.run_key(spider)).items()}
+    if not raw.get("id"):
+        return None
+    run_id = int(raw["id"])
+    figures, nodes = summed_figures(server, spider, run_id)
+    live = NodeRegistry(server, keys.nodes_key(spider), ttl=node_ttl).live()
+    state = raw.get("state", "running")
+    if state == "running" and not live:
+        state = "stopped"  # its nodes are gone; the next start resumes or finishes it
+    row = {
+        "spider": spider, "run_id": run_id, "state": state, "live_nodes": len(live),
+        "started": record._ts(raw.get("started")), "finished": record._ts(raw.get("finished")),
+        "finish_reason": raw.get("reason") if state != "running" else None, "nodes_seen": nodes,
+    }
+    row.update({column: figures.get(stat, 0) if column == "api_credits" else int(figures.get(stat, 0))
+                for column, stat in record.FIGURES.items()})
+    return row
+
+
+def merged_runs(server: Any, conn: Any, spiders: list[str], node_ttl: float, limit: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for spider in spiders:
+        recorded = record.runs(conn, spider, limit) if conn is not None else []
+        current = current_run(server, spider, node_ttl)
+        if current is not None:
+            recorded = [r for r in recorded if r["run_id"] != current["run_id"]]
+            if current["started"] is None and recorded:
+                current["started"] = recorded[0]["started"]
+            recorded.insert(0, current)
+        rows.extend(sorted(recorded, key=lambda r: -r["run_id"])[:limit])
+    return rows
+
+
+def _took(row: dict[str, Any]) -> str:
+    start, end = row.get("started"), row.get("finished")
+    if start is None:
+        return ""
+    seconds = ((end or dt.datetime.now(dt.timezone.utc)) - start).total_seconds()
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def syntax(self) -> str:
+        return "[options] [spider ...]"
+
+    def short_desc(self) -> str:
+        return "Show the runs of each spider: state, figures, how they finished"
+
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--json", action="store_true", help="one JSON object per run")
+        parser.add_argument("--limit", type=int, default=20, help="runs per spider (20)")
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        found = backends_or_report(self)
+        if found is None:
+            return
+        from scrapy.spiderloader import get_spider_loader
+
+        server = get_redis(found.redis_url)
+        spiders = args or sorted(get_spider_loader(self.settings).list())
+        conn = record.connect(found.database_url)
+        try:
+            rows = merged_runs(server, conn, spiders, get_float(self.settings, "RUNS_NODE_TTL", 60.0, minimum=1),
+                               max(1, opts.limit))
+        finally:
+            conn.close()
+        if opts.json:
+            for row in rows:
+                print(json.dumps(row, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v)))
+            return
+        if not rows:
+            print("no runs yet")
+            return
+        print(f"{'spider':14}" + "".join(f"{title:>13}" if column == "started" else f"{title:>10}"
+                                          for title, column in SHOWN) + "  reason")
+        for row in rows:
+            cells = []
+            for _title, column in SHOWN:
+                if column == "took":
+                    value: Any = _took(row)
+                elif column == "started":
+                    value = row["started"].astimezone().strftime("%m-%d %H:%M") if row.get("started") else ""
+                else:
+                    value = row.get(column, "")
+                    value = f"{value:.0f}" if isinstance(value, float) else value
+                cells.append(f"{value!s:>13}" if column == "started" else f"{value!s:>10}")
+            print(f"{row['spider']:14}" + "".join(cells) + f"  {row.get('finish_reason') or ''}")
+        sys.stdout.flush()

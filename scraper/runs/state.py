@@ -1,0 +1,242 @@
+"""A spider's current run in Redis, and the transitions between its states, each one atomic.
+
+``<spider>:run`` holds the current run: ``id``, ``state`` (running, stopped, finished),
+``started``, ``stopped``, ``finished`` and the last node's closing ``reason``. A run is
+*finished* when its queue is empty, no request is leased and no node is alive: the last node
+out notices it when it leaves, or else the next ``scrapy crawl`` does when it starts. Either
+way, the finish and the drop of the run's keys (seen-set unless ``DUPEFILTER_EXPIRY`` keeps it,
+item dedupe claims) happen in the same script that checks the condition, so no run can start
+on a dead run's seen-set, and no node can join a run that is being dropped.
+
+A node starting (:meth:`RunState.begin`) finds one of:
+
+* no run, or a finished one: it starts the next (``start``);
+* a run with no live node and work left (queued or leased requests): it resumes it
+  (``resume``), or with ``fresh`` discards it and starts the next;
+* a run with live nodes and work left: it joins (``join``);
+* a run with live nodes and nothing queued or leased (``wait``): whatever those nodes do next
+  decides: they queue more (then it joins) or they leave (then the run is finished and it
+  starts the next). Joining right away would make this node's start requests count as seen.
+
+Node liveness: a heartbeat within the node TTL, except nodes of this host whose process is
+gone, which are dead at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..queue import keys
+from ..queue.nodes import NodeRegistry
+
+#: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).
+FIGURES_KEEP = 7 * 24 * 3600
+
+# Prune dead nodes, count live ones. Shared prologue of both scripts.
+# KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] n dead, ARGV[9..] dead ids.
+_LIVE = """
+local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 9, 8 + tonumber(ARGV[8]) do
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i])
+end
+local live = 0
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] and tonumber(all[i + 1]) >= now - ttl then
+    live = live + 1
+  elseif all[i] ~= ARGV[1] then
+    redis.call('HDEL', KEYS[2], all[i])
+    redis.call('HDEL', KEYS[3], all[i])
+  end
+end
+local function finish(id, reason)
+  redis.call('HSET', KEYS[1], 'state', 'finished', 'finished', now, 'reason', reason)
+  -- The figures key is derived from the run id (single-instance Redis, as everywhere here).
+  redis.call('EXPIRE', ARGV[6] .. id .. ':figures', ARGV[7])
+end
+"""
+
+# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 leased, 7 lease owners,
+#       8 redeliveries, 9.. the run's keys (seen-set, item claims).
+# ARGV: 1 node, 2 now, 3 ttl, 4 lowest next id, 5 fresh, 6 figures prefix, 7 figures ttl,
+#       8 n dead, 9.. dead node ids.
+# Returns {action, run id, live nodes, queued, leased, finished run id, dropped}.
+_BEGIN = _LIVE + """
+local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
+local state = redis.call('HGET', KEYS[1], 'state') or ''
+local queued, leased = redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5])
+local previous, dropped = 0, 0
+if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 then
+  finish(id, redis.call('HGET', KEYS[1], 'reason') or 'lost')
+  state, previous = 'finished', id
+elseif id > 0 and state ~= 'finished' and live == 0 and ARGV[5] == '1' then
+  dropped = queued + leased
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+  finish(id, 'discarded')
+  state, previous, queued, leased = 'finished', id, 0, 0
+end
+local action
+if id == 0 or state == 'finished' then
+  if queued == 0 and leased == 0 then
+    for i = 9, #KEYS do redis.call('DEL', KEYS[i]) end
+  end
+  id = math.max(id, tonumber(ARGV[4])) + 1
+  redis.call('DEL', KEYS[1], ARGV[6] .. id .. ':figures')
+  redis.call('HSET', KEYS[1], 'id', id, 'state', 'running', 'started', now)
+  action = 'start'
+elseif live == 0 then
+  redis.call('HSET', KEYS[1], 'state', 'running')
+  action = 'resume'
+elseif queued == 0 and leased == 0 then
+  return {'wait', id, live, queued, leased, previous, dropped}
+else
+  action = 'join'
+end
+redis.call('HSET', KEYS[2], ARGV[1], now)
+redis.call('HSETNX', ARGV[6] .. id .. ':figures', ARGV[1], '{}')
+return {action, id, live, queued, leased, previous, dropped}
+"""
+
+# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6.. the run's keys.
+# ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8 n dead, 9.. dead.
+# Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on) or
+# 'gone' (the run is no longer this node's: another node ended it while this one was silent).
+_LEAVE = _LIVE + """
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
+   or redis.call('HGET', KEYS[1], 'state') == 'finished' then
+  return {'gone', live}
+end
+redis.call('HSET', KEYS[1], 'reason', ARGV[5])
+if live > 0 then return {'running', live} end
+if redis.call('ZCARD', KEYS[4]) == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
+  for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
+  finish(ARGV[4], ARGV[5])
+  return {'finished', 0}
+end
+redis.call('HSET', KEYS[1], 'state', 'stopped', 'stopped', ARGV[2])
+return {'stopped', 0}
+"""
+
+
+@dataclass
+class Decision:
+    action: str  # start | resume | join | wait
+    run_id: int
+    live: int
+    queued: int
+    leased: int
+    finished_previous: int = 0  # a run found finished (or discarded) by this start
+    dropped: int = 0  # requests of a discarded run
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> "Decision":
+        action = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return cls(action, *(int(v) for v in reply[1:]))
+
+
+@dataclass
+class LeaseSummary:
+    """Requests leased by nodes other than this one, split by whether their owner lives."""
+
+    live: int = 0
+    stopped: int = 0
+    stopped_owners: set[str] = field(default_factory=set)
+    stopped_back_at: float = 0.0  # when the last of the stopped owners' leases runs out
+
+
+class RunState:
+    def __init__(self, server: Any, spider_name: str, nodes: NodeRegistry, queue_key: str,
+                 leases: Any = None) -> None:
+        self.server = server
+        self.spider = spider_name
+        self.nodes = nodes
+        self.queue_key = queue_key
+        self.leases = leases
+        self.key = keys.run_key(spider_name)
+        self.figures_prefix = f"{self.key}:"
+        self.run_id = 0
+        self._begin = server.register_script(_BEGIN)
+        self._leave = server.register_script(_LEAVE)
+
+    def _lease_keys(self) -> list[str]:
+        from ..queue.leases import Leases
+
+        if self.leases is not None:
+            leases = self.leases
+        else:  # leases off here; another node may still use them, so they are looked at anyway
+            leases = Leases.__new__(Leases)
+            Leases.__init__(leases, self.server, self.spider, self.queue_key, keys.dead_key(self.spider), 1.0)
+        return [leases.deadlines_key, leases.leased_key, leases.owners_key, leases.redeliveries_key]
+
+    def begin(self, run_keys: list[str], lowest_next_id: int = 0, fresh: bool = False) -> Decision:
+        deadlines, leased, owners, redeliveries = self._lease_keys()
+        dead = self.nodes.dead_here()
+        reply = self._begin(
+            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
+                  redeliveries, *run_keys],
+            args=[self.nodes.node_id, time.time(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
+                  self.figures_prefix, FIGURES_KEEP, len(dead), *dead],
+        )
+        decision = Decision.from_reply(reply)
+        if decision.action != "wait":
+            self.run_id = decision.run_id
+        return decision
+
+    def leave(self, reason: str, run_keys: list[str]) -> tuple[str, int]:
+        deadlines = self._lease_keys()[0]
+        dead = self.nodes.dead_here()
+        outcome, live = self._leave(
+            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, *run_keys],
+            args=[self.nodes.node_id, time.time(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
+                  FIGURES_KEEP, len(dead), *dead],
+        )
+        return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(live)
+
+    def has_run_record(self) -> bool:
+        return bool(self.server.exists(self.key))
+
+    def current(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.server.hgetall(self.key).items()}
+
+    def lease_summary(self, mine: set[str] | None = None) -> LeaseSummary:
+        """Leases held elsewhere: by live nodes, or by nodes that stopped (and when they return)."""
+        deadlines_key, _leased, owners_key, _r = self._lease_keys()
+        mine = mine or set()
+        deadlines = {k.decode(): s for k, s in self.server.zrange(deadlines_key, 0, -1, withscores=True)}
+        owners = {k.decode(): v.decode() for k, v in self.server.hgetall(owners_key).items()}
+        live = set(self.nodes.live())
+        summary = LeaseSummary()
+        for lease, deadline in deadlines.items():
+            if lease in mine:
+                continue
+            owner = owners.get(lease, "")
+            if owner in live:
+                summary.live += 1
+            else:
+                summary.stopped += 1
+                summary.stopped_owners.add(owner.rsplit(":", 1)[0] if owner else "unknown")
+                summary.stopped_back_at = max(summary.stopped_back_at, deadline)
+        return summary
+
+    def write_figures(self, run_id: int, figures: dict[str, float]) -> None:
+        self.server.hset(keys.run_figures_key(self.spider, run_id), self.nodes.node_id, json.dumps(figures))
+
+
+def summed_figures(server: Any, spider_name: str, run_id: int) -> tuple[dict[str, float], int]:
+    """The run's figures summed over its nodes, and how many nodes it has seen."""
+    totals: dict[str, float] = {}
+    per_node = server.hgetall(keys.run_figures_key(spider_name, run_id))
+    for raw in per_node.values():
+        try:
+            figures = json.loads(raw)
+        except ValueError:
+            continue
+        for name, value in figures.items():
+            totals[name] = totals.get(name, 0) + float(value or 0)
+    return totals, len(per_node)

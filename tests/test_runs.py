@@ -1,0 +1,158 @@
+"""Runs: a crash, a kill or a Ctrl-C at any moment never turns the next run into a no-op."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, scrapy_cmd
+from scraper.demo_site import Catalog, DemoSite
+from test_metrics import start_crawl, stat, wait_for
+
+NODE_TTL = "3"
+
+
+def outcomes(log: str) -> dict[str, float]:
+    return {o: stat(log, f"postgres/{o}") for o in ("inserted", "updated", "unchanged")}
+
+
+def rerun(env: dict[str, str]) -> str:
+    result = run_scrapy(env, "crawl", "demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stderr
+
+
+def test_a_killed_worker_never_makes_the_next_run_a_no_op(clean) -> None:
+    catalog = Catalog(products=70)
+    valid = len(catalog.valid_products())
+    with DemoSite(catalog, delay_ms=40) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="6", SCHEDULER_LEASE_TIMEOUT="2",
+                        SCHEDULER_IDLE_TIMEOUT="2", RUNS_NODE_TTL=NODE_TTL)
+        repriced: set[str] = set()
+        for round, pause in enumerate((0.0, float(NODE_TTL) + 1)):
+            site.reset_stats()
+            workers = [start_crawl(env) for _ in range(2)]
+            wait_for(lambda: site.stats()["total"] > 35, timeout=60, step=0.05)
+            workers[0].proc.send_signal(signal.SIGKILL)
+            survivor = workers[1].communicate(timeout=120)[1]
+            workers[0].communicate(timeout=10)
+            assert "Spider closed (finished)" in survivor, survivor[-3000:]
+            assert f"Run {round * 2 + 1} of demo finished on every node" in survivor, survivor[-3000:]
+            assert_each_product_stored_or_rejected_once(clean.query, catalog)
+
+            # The shop changes 5 prices; the spider runs again at once (the dead worker's last
+            # heartbeat is still fresh), then after the node TTL.
+            ids = site.reprice(5 * (round + 1))
+            changed = {catalog.product(i).sku for i in ids} - repriced
+            repriced |= changed
+            time.sleep(pause)
+            before = clean.query("SELECT now()")[0][0]
+            log = rerun(env)
+            assert f"starting run {round * 2 + 2} of demo" in log, log[-3000:]
+            assert outcomes(log) == {"inserted": 0, "updated": 5, "unchanged": valid - 5}, outcomes(log)
+            assert {sku for (sku,) in clean.query("SELECT sku FROM products WHERE updated_at > %s", (before,))} == changed
+    runs = clean.query("SELECT run_id, state, items_updated, items_new FROM crawl_runs ORDER BY run_id")
+    assert [(r, s) for r, s, _, _ in runs] == [(1, "finished"), (2, "finished"), (3, "finished"), (4, "finished")]
+    assert runs[1][2] == runs[3][2] == 5
+    # `scrapy runs` shows the same, newest first; the killed worker counts as a node seen.
+    shown = run_scrapy(env, "runs", "demo", "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["run_id"], r["state"], r["items_updated"]) for r in rows] == [(4, "finished", 5), (3, "finished", 0),
+                                                                             (2, "finished", 5), (1, "finished", 0)]
+    assert rows[3]["nodes_seen"] == 2 and rows[0]["items_unchanged"] == valid - 5 and rows[0]["pages"] > valid
+
+
+class Logged:
+    """A crawl whose log can be read while it runs."""
+
+    def __init__(self, env: dict[str, str], path: Path, *args: str) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(scrapy_cmd("crawl", "demo", *args), cwd=ROOT, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=path.open("w"))
+
+    def text(self) -> str:
+        return self.path.read_text()
+
+    def finish(self, timeout: float = 120) -> str:
+        self.proc.wait(timeout=timeout)
+        return self.text()
+
+
+def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
+    catalog = Catalog(products=50)
+    pages = sorted(catalog.pages())
+    with DemoSite(catalog, delay_ms=30) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS_PER_DOMAIN="2",
+                        SCHEDULER_IDLE_TIMEOUT="3", SCHEDULER_LEASE_TIMEOUT="3", RUNS_NODE_TTL=NODE_TTL,
+                        POSTGRES_FLUSH_INTERVAL="2", POSTGRES_BATCH_SIZE="10000")
+        served = lambda: sum(n for p, n in site.stats()["requests"].items() if p != "/robots.txt")  # noqa: E731
+        stages = {
+            "fetching": lambda c: served() >= 15,
+            "idle wait": lambda c: "Shared queue empty; closing in" in c.text(),
+            # Every page fetched, the last items still wait for the writer's next flush.
+            "final flush": lambda c: served() >= len(pages),
+        }
+        for number, (stage, reached) in enumerate(stages.items()):
+            clean.redis().flushdb()
+            clean.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+            site.reset_stats()
+            first = Logged(env, tmp_path / f"{number}-first.log")
+            wait_for(lambda: reached(first), timeout=60, step=0.02)
+            first.proc.send_signal(signal.SIGINT)
+            log = first.finish()
+            assert first.proc.returncode == 0 and "Spider closed (shutdown)" in log, log[-3000:]
+            queued = clean.redis().zcard("demo:requests")
+            fetched_first = {p for p, n in site.stats()["requests"].items() if p != "/robots.txt"}
+            site.reset_stats()
+            second = rerun(env)
+            counts = {p: n for p, n in site.stats()["requests"].items() if p != "/robots.txt"}
+            if stage == "fetching":
+                assert queued > 0, log[-3000:]
+                assert f"resuming run 1 of demo ({queued:,} queued)" in second, second[-3000:]
+                # The two runs together fetched each page once.
+                assert not set(counts) & fetched_first and sorted(set(counts) | fetched_first) == pages
+            else:
+                assert queued == 0 and "Run 1 of demo finished on every node" in log, log[-3000:]
+                assert "starting run 2 of demo" in second, second[-3000:]
+                assert sorted(counts) == pages and set(counts.values()) == {1}
+            assert "Run %d of demo finished on every node" % (1 if stage == "fetching" else 2) in second
+            assert_each_product_stored_or_rejected_once(clean.query, catalog)
+
+
+def test_a_silent_node_of_another_host_holds_the_next_run_until_the_node_ttl(clean, site: DemoSite) -> None:
+    # A run whose only node lives on another machine and has just gone quiet: it may still
+    # queue more (join it) or be dead (its run is finished once it stays silent for the TTL).
+    server = clean.redis()
+    server.hset("demo:run", mapping={"id": 7, "state": "running", "started": time.time() - 30})
+    server.hset("demo:nodes", "elsewhere:4242:abcdef", time.time())
+    server.hset("demo:nodes:info", "elsewhere:4242:abcdef", '{"host": "elsewhere/boot/1", "pid": 4242}')
+    server.sadd("demo:dupefilter", "stale fingerprint of run 7")
+    log = rerun(crawl_env(clean, DEMO_SITE_URL=site.url, RUNS_NODE_TTL="8"))
+    assert re.search(r"Waiting for run 7 of demo: 1 live node \(elsewhere:4242;", log), log[-3000:]
+    assert "starting run 8 of demo" in log
+    assert "Run 7 of demo had finished" in log
+    assert site.stats()["requests"].get("/") == 1
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
+    assert clean.query("SELECT run_id, state FROM crawl_runs ORDER BY run_id") == [(7, "finished"), (8, "finished")]
+
+
+def test_fresh_discards_a_stopped_run_and_says_what_it_drops(clean, site: DemoSite) -> None:
+    env = crawl_env(clean, DEMO_SITE_URL=site.url)
+    seeded = run_scrapy(env, "seed", "demo", site.url + "c/audio/", site.url + "c/lighting/")
+    assert seeded.returncode == 0, seeded.stderr[-2000:]
+    clean.redis().hset("demo:run", mapping={"id": 3, "state": "stopped", "started": time.time() - 60})
+    clean.redis().sadd("demo:dupefilter", "fingerprint of run 3")
+    result = run_scrapy(env, "crawl", "demo", "--fresh")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Discarded run 3 of demo (--fresh): 2 queued or leased requests dropped" in result.stderr
+    assert "starting run 4 of demo" in result.stderr
+    assert site.stats()["requests"].get("/") == 1
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
+    assert clean.query("SELECT run_id, state, finish_reason FROM crawl_runs ORDER BY run_id") == [
+        (3, "finished", "discarded"), (4, "finished", "finished")]
