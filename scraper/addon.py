@@ -2,7 +2,9 @@
 
 Add-ons run before any component is built and before settings are frozen, for every way a crawl
 starts (``scrapy crawl``, scrapyd, a script with ``CrawlerProcess``), which makes this the one
-place where a bad setting can fail early and by name.
+place where a bad setting can fail early and by name. It is also where a process that is not a
+crawl node (``scrapy shell``, ``fetch``, ``parse``, ``check``…) is kept off the shared state: see
+:mod:`scraper.shared_state`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from . import backends
+from . import backends, shared_state
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .queue.dupefilter import seen_config
@@ -55,7 +57,7 @@ def validate(settings: BaseSettings) -> None:
             get_int(settings, name, 0, minimum=int(minimum))
         else:
             get_float(settings, name, 0.0, minimum=minimum)
-    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED"):
+    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED", shared_state.SETTING):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
@@ -69,4 +71,8 @@ class BackendsAddon:
 
     def update_settings(self, settings: BaseSettings) -> None:
         validate(settings)
-        backends.apply(settings)
+        if shared_state.is_crawl_node(settings):
+            backends.apply(settings)
+        else:
+            # A developer command: no shared component is built, so no backend is needed.
+            shared_state.use_local_state(settings)

@@ -56,6 +56,13 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ==========================  ==================================================================
 
+Not from the environment: ``SHARED_STATE`` (a ``-s`` option) says whether a process is a crawl
+node, using the shared queue, seen-set, dedupe claims, politeness slots, node registry, metrics
+target folder and database. ``scrapy crawl`` (so every scrapyd job) and ``scrapy demo`` set it;
+every other command (``shell``, ``fetch``, ``view``, ``parse``, ``check``, ``runspider``, a
+script) runs with Scrapy's in-memory scheduler and touches none of them unless given
+``-s SHARED_STATE=true``. See :mod:`scraper.shared_state`.
+
 Passwords in the URLs never reach the logs: see :mod:`scraper.secrets`.
 """
 
@@ -193,6 +200,14 @@ METRICS_FILE_SD_DIR = _env("METRICS_FILE_SD_DIR")  # default: DATA_DIR/metrics-t
 METRICS_LINGER = _env("METRICS_LINGER", "0")
 
 FEED_EXPORT_ENCODING = "utf-8"
+
+# ``@page PATH`` in a callback's docstring: a contract sample page relative to the spider's site.
+# ``@scrapes`` fails on a field left None (a selector that matched nothing), not only an unset one.
+SPIDER_CONTRACTS = {
+    "scraper.contracts.PageContract": 1,
+    "scrapy.contracts.default.ScrapesContract": None,
+    "scraper.contracts.ScrapesContract": 3,
+}
 
 SPIDER_MIDDLEWARES = {
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,

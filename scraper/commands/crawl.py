@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from argparse import Namespace
+from typing import Any, ClassVar
 
 from scrapy.commands.crawl import Command as ScrapyCrawl
 from scrapy.exceptions import UsageError
@@ -19,6 +20,9 @@ from ..scraping_api.middleware import get_settings as api_settings
 
 
 class Command(ScrapyCrawl):
+    # The one command (with scrapyd's jobs, which run it) that joins the shared crawl.
+    default_settings: ClassVar[dict[str, Any]] = {**ScrapyCrawl.default_settings, "SHARED_STATE": True}
+
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) != 1:
             return super().run(args, opts)

@@ -11,6 +11,7 @@ import secrets
 import sys
 import time
 from argparse import ArgumentParser, Namespace
+from typing import Any, ClassVar
 
 import psycopg2
 from scrapy.commands import ScrapyCommand
@@ -24,6 +25,7 @@ from ..scraping_api.standin import StandIn
 
 class Command(ScrapyCommand):
     requires_project = True
+    default_settings: ClassVar[dict[str, Any]] = {"SHARED_STATE": True}  # a real crawl, end to end
 
     def short_desc(self) -> str:
         return "Serve the demo shop locally and crawl it into Postgres"
