@@ -12,7 +12,6 @@ from argparse import Namespace
 from typing import Any, ClassVar
 
 from scrapy.commands.crawl import Command as ScrapyCrawl
-from scrapy.exceptions import UsageError
 
 from .. import addon, backends
 from ..config import ConfigError
@@ -36,8 +35,10 @@ class Command(ScrapyCrawl):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 2
             return
-        except KeyError as exc:
-            raise UsageError(f"Spider not found: {args[0]}") from exc
+        except KeyError:
+            print(f"error: Spider not found: {args[0]} (scrapy list shows the spiders)", file=sys.stderr)
+            self.exitcode = 2
+            return
         self.crawler_process.crawl(crawler, **opts.spargs)
         self.crawler_process.start()
         if self.crawler_process.bootstrap_failed:
