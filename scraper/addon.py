@@ -9,6 +9,7 @@ crawl node (``scrapy shell``, ``fetch``, ``parse``, ``check``…) is kept off th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from scrapy.settings import BaseSettings
@@ -17,6 +18,10 @@ from . import backends, shared_state
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .queue.dupefilter import seen_config
+
+logger = logging.getLogger(__name__)
+
+API_MIDDLEWARE = "scraper.scraping_api.middleware.ScrapingApiMiddleware"
 
 # (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
 CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
@@ -76,3 +81,15 @@ class BackendsAddon:
         else:
             # A developer command: no shared component is built, so no backend is needed.
             shared_state.use_local_state(settings)
+        _fetch_directly_without_key(settings)
+
+
+def _fetch_directly_without_key(settings: BaseSettings) -> None:
+    # Without a key the middleware would disable itself with a WARNING, on every run of the
+    # default setup; fetching directly is then the plan, said once at INFO.
+    if str(settings.get("SCRAPING_API_KEY") or "").strip():
+        return
+    middlewares = settings["DOWNLOADER_MIDDLEWARES"]
+    if middlewares.get(API_MIDDLEWARE) is not None:
+        middlewares.set(API_MIDDLEWARE, None, priority=shared_state.PRIORITY)
+        logger.info("No scraping API key (SCRAPING_API_KEY): fetching directly")

@@ -20,6 +20,7 @@ import redis
 from scrapy.settings import BaseSettings
 
 from .config import ConfigError, mask_url
+from .logs import quiet_embedded_servers
 from .secrets import install_log_redaction, redact, register_url_password
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool
     still work while the database is down: its URL is then passed through unchecked. Commands
     that only use the database (``migrate``, ``dbshell``, ``export``) pass ``need_redis=False``."""
     install_log_redaction()
+    quiet_embedded_servers()
     redis_url = (settings.get("REDIS_URL") or "").strip()
     database_url = (settings.get("DATABASE_URL") or "").strip()
     data_dir = str(settings.get("DATA_DIR") or ".data")

@@ -200,6 +200,8 @@ METRICS_FILE_SD_DIR = _env("METRICS_FILE_SD_DIR")  # default: DATA_DIR/metrics-t
 METRICS_LINGER = _env("METRICS_LINGER", "0")
 
 FEED_EXPORT_ENCODING = "utf-8"
+# A dropped item (a reject) is one line with its reasons; the item itself is logged at DEBUG.
+LOG_FORMATTER = "scraper.logformatter.LogFormatter"
 
 # ``@page PATH`` in a callback's docstring: a contract sample page relative to the spider's site.
 # ``@scrapes`` fails on a field left None (a selector that matched nothing), not only an unset one.
