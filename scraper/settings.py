@@ -54,6 +54,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
+``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
+                            embedded Postgres for it, else the system's).
 ==========================  ==================================================================
 
 Not from the environment: ``SHARED_STATE`` (a ``-s`` option) says whether a process is a crawl

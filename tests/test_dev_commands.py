@@ -15,8 +15,9 @@ import socket
 import time
 from pathlib import Path
 
-from conftest import ROOT, crawl_env, run_scrapy
+from conftest import ROOT, crawl_env, run_scrapy, run_scrapy_many
 from scraper.demo_site import Catalog, DemoSite
+from scraper.scraping_api.standin import StandIn
 
 ADHOC_SPIDER = '''
 import scrapy
@@ -71,22 +72,30 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
         assert before[2]["products"], "the stopped crawl stored some rows"
         hits_before = site.stats()["total"]
 
-        shell = run_scrapy(env, "shell", f"{site.url}p/1.html", "-c", "(response.status, response.css('.sku::text').get())")
-        fetch = run_scrapy(env, "fetch", "--nolog", f"{site.url}p/1.html")
-        headers = run_scrapy(env, "fetch", "--nolog", "--headers", site.url)
-        view = run_scrapy({**env, "BROWSER": "true"}, "view", "--nolog", site.url)
-        parse = run_scrapy(env, "parse", "--nocolour", "--spider", "demo", "-c", "parse_product", "--pipelines",
-                           f"{site.url}p/{catalog.ids_by_kind('no_price')[0]}.html")
-        links = run_scrapy(env, "parse", "--nocolour", "--spider", "demo", site.url)
-        check = run_scrapy(env, "check", "demo")
         spider_file = tmp_path / "adhoc.py"
         spider_file.write_text(ADHOC_SPIDER)
-        runspider = run_scrapy(env, "runspider", str(spider_file), "-a", f"url={site.url}",
-                               "-O", str(tmp_path / "out.jsonl"))
-        # Nothing to connect to: a developer command needs neither Redis nor Postgres.
-        offline = run_scrapy({**env, "REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0",
-                              "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{closed_port()}/none"},
-                             "fetch", "--nolog", site.url)
+        # Independent of each other, so run side by side (several developers at once, too).
+        shell, fetch, headers, view, parse, check, runspider = run_scrapy_many(
+            {**env, "BROWSER": "true"},
+            ("shell", f"{site.url}p/1.html", "-c", "(response.status, response.css('.sku::text').get())"),
+            ("fetch", "--nolog", f"{site.url}p/1.html"),
+            # Nothing to connect to: a developer command needs neither Redis nor Postgres.
+            ("fetch", "--nolog", "--headers", "-s", f"REDIS_URL=redis://127.0.0.1:{closed_port()}/0",
+             "-s", f"DATABASE_URL=postgresql://nobody@127.0.0.1:{closed_port()}/none", site.url),
+            ("view", "--nolog", site.url),
+            ("parse", "--nocolour", "--spider", "demo", "-c", "parse_product", "--pipelines",
+             f"{site.url}p/{catalog.ids_by_kind('no_price')[0]}.html"),
+            ("check", "demo"),
+            ("runspider", str(spider_file), "-a", f"url={site.url}", "-O", str(tmp_path / "out.jsonl")),
+        )
+        # The crawl's middlewares, the scraping API included: the page as the crawl would get it.
+        with StandIn("dev-key-4242") as api:
+            links, through_api = run_scrapy_many(
+                env,
+                ("parse", "--nocolour", "--spider", "demo", site.url),
+                ("fetch", "-s", f"SCRAPING_API_KEY={api.key}", "-s", f"SCRAPING_API_URL={api.url}", f"{site.url}p/1.html"),
+            )
+            api_scrapes = api.stats()["scrapes"]
         served = site.stats()["total"] - hits_before
         url = site.url
 
@@ -95,13 +104,14 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
     assert after[1] == before[1]
     assert after[2] == before[2]
 
-    for result in (shell, fetch, headers, view, parse, links, check, runspider, offline):
+    for result in (shell, fetch, headers, view, parse, links, check, runspider, through_api):
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "(200, 'DS-000001')" in shell.stdout
     assert "<span class=\"sku\">DS-000001</span>" in fetch.stdout
     assert "< Content-Type: text/html; charset=utf-8" in headers.stdout and "> User-Agent:" in headers.stdout
-    assert "Welcome to Demo Shop" in offline.stdout
+    assert "DS-000001" in through_api.stdout and api_scrapes >= 1
+    assert "dev-key-4242" not in through_api.stderr
 
     # parse: the item as yielded, then cleaned with its verdict from the validation schema.
     yielded, piped = parse.stdout.split("# Item pipelines (nothing stored)")
