@@ -2,19 +2,26 @@
 
 Add-ons run before any component is built and before settings are frozen, for every way a crawl
 starts (``scrapy crawl``, scrapyd, a script with ``CrawlerProcess``), which makes this the one
-place where a bad setting can fail early and by name.
+place where a bad setting can fail early and by name. It is also where a process that is not a
+crawl node (``scrapy shell``, ``fetch``, ``parse``, ``check``…) is kept off the shared state: see
+:mod:`scraper.shared_state`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from . import backends
+from . import backends, shared_state
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .queue.dupefilter import seen_config
+
+logger = logging.getLogger(__name__)
+
+API_MIDDLEWARE = "scraper.scraping_api.middleware.ScrapingApiMiddleware"
 
 # (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
 CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
@@ -57,7 +64,7 @@ def validate(settings: BaseSettings) -> None:
             get_int(settings, name, 0, minimum=int(minimum))
         else:
             get_float(settings, name, 0.0, minimum=minimum)
-    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED", "METRICS_ANNOUNCE", "RUNS_FRESH"):
+    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED", "METRICS_ANNOUNCE", "RUNS_FRESH", shared_state.SETTING):
         if settings.get(name) is not None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
@@ -71,4 +78,20 @@ class BackendsAddon:
 
     def update_settings(self, settings: BaseSettings) -> None:
         validate(settings)
-        backends.apply(settings)
+        if shared_state.is_crawl_node(settings):
+            backends.apply(settings)
+        else:
+            # A developer command: no shared component is built, so no backend is needed.
+            shared_state.use_local_state(settings)
+        _fetch_directly_without_key(settings)
+
+
+def _fetch_directly_without_key(settings: BaseSettings) -> None:
+    # Without a key the middleware would disable itself with a WARNING, on every run of the
+    # default setup; fetching directly is then the plan, said once at INFO.
+    if str(settings.get("SCRAPING_API_KEY") or "").strip():
+        return
+    middlewares = settings["DOWNLOADER_MIDDLEWARES"]
+    if middlewares.get(API_MIDDLEWARE) is not None:
+        middlewares.set(API_MIDDLEWARE, None, priority=shared_state.PRIORITY)
+        logger.info("No scraping API key (SCRAPING_API_KEY): fetching directly")

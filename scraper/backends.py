@@ -22,6 +22,7 @@ from scrapy.settings import BaseSettings
 
 from . import embedded
 from .config import ConfigError, mask_url
+from .logs import quiet_embedded_servers
 from .secrets import install_log_redaction, redact, register_url_password
 
 logger = logging.getLogger(__name__)
@@ -46,22 +47,26 @@ class Backends:
         )
 
 
-def resolve(settings: BaseSettings, need_postgres: bool = True) -> Backends:
+def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool = True) -> Backends:
     """Return the Redis and Postgres URLs to use, starting embedded servers when none is set.
 
     Commands that only read the queue (``dlq``, ``queue``) pass ``need_postgres=False``, so they
-    still work while the database is down: its URL is then passed through unchecked."""
+    still work while the database is down: its URL is then passed through unchecked. Commands
+    that only use the database (``migrate``, ``dbshell``, ``export``) pass ``need_redis=False``."""
     install_log_redaction()
+    quiet_embedded_servers()
     redis_url = (settings.get("REDIS_URL") or "").strip()
     database_url = (settings.get("DATABASE_URL") or "").strip()
     data_dir = str(embedded.data_dir(settings))
     register_url_password(redis_url)
     register_url_password(database_url)
-    key = (redis_url, database_url, data_dir, need_postgres)
+    key = (redis_url, database_url, data_dir, need_postgres, need_redis)
     with _lock:
         if key in _resolved:
             return _resolved[key]
-        if redis_url:
+        if not need_redis:
+            pass
+        elif redis_url:
             check_redis(redis_url)
         else:
             redis_url = _start_embedded_redis(Path(data_dir))
@@ -71,7 +76,7 @@ def resolve(settings: BaseSettings, need_postgres: bool = True) -> Backends:
             check_postgres(database_url)
         else:
             database_url = _start_embedded_postgres(Path(data_dir))
-        backends = Backends(redis_url, database_url, not key[0], not key[1] and need_postgres)
+        backends = Backends(redis_url, database_url, not key[0] and need_redis, not key[1] and need_postgres)
         _resolved[key] = backends
         return backends
 
@@ -143,12 +148,13 @@ def _start_embedded_postgres(data_dir: Path) -> str:
     return server.get_uri()
 
 
-def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool = True) -> Backends:
+def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool = True,
+          need_redis: bool = True) -> Backends:
     """Resolve and write the effective URLs into *settings* (before they are frozen).
 
     Written at the highest priority: the resolved URL is the effective one whatever level
     (project, spider, command line) the original came from."""
-    backends = resolve(settings, need_postgres)
+    backends = resolve(settings, need_postgres, need_redis)
     settings.set("REDIS_URL", backends.redis_url, priority=priority)
     settings.set("DATABASE_URL", backends.database_url, priority=priority)
     return backends

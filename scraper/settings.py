@@ -76,7 +76,16 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``LOG_LEVEL``               Scrapy's log level (INFO).
+``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
+                            embedded Postgres for it, else the system's).
 ==========================  ==================================================================
+
+Not from the environment: ``SHARED_STATE`` (a ``-s`` option) says whether a process is a crawl
+node, using the shared queue, seen-set, dedupe claims, politeness slots, node registry, metrics
+target folder and database. ``scrapy crawl`` (so every scrapyd job) and ``scrapy demo`` set it;
+every other command (``shell``, ``fetch``, ``view``, ``parse``, ``check``, ``runspider``, a
+script) runs with Scrapy's in-memory scheduler and touches none of them unless given
+``-s SHARED_STATE=true``. See :mod:`scraper.shared_state`.
 
 Passwords in the URLs never reach the logs: see :mod:`scraper.secrets`.
 """
@@ -228,6 +237,16 @@ METRICS_LINGER = _env("METRICS_LINGER", "0")
 METRICS_ANNOUNCE = _env("METRICS_ANNOUNCE", "false")
 
 FEED_EXPORT_ENCODING = "utf-8"
+# A dropped item (a reject) is one line with its reasons; the item itself is logged at DEBUG.
+LOG_FORMATTER = "scraper.logformatter.LogFormatter"
+
+# ``@page PATH`` in a callback's docstring: a contract sample page relative to the spider's site.
+# ``@scrapes`` fails on a field left None (a selector that matched nothing), not only an unset one.
+SPIDER_CONTRACTS = {
+    "scraper.contracts.PageContract": 1,
+    "scrapy.contracts.default.ScrapesContract": None,
+    "scraper.contracts.ScrapesContract": 3,
+}
 
 SPIDER_MIDDLEWARES = {
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,

@@ -164,3 +164,17 @@ def crawl(services: Services, site: DemoSite, spider: str = "demo", **extra: str
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return result
+
+
+def run_scrapy_many(env: dict[str, str], *commands: tuple[str, ...], timeout: float = 180,
+                    cwd: Path = ROOT) -> list[subprocess.CompletedProcess]:
+    """Run independent scrapy commands as concurrent processes; results in the same order."""
+    procs = [
+        subprocess.Popen(scrapy_cmd(*args), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for args in commands
+    ]
+    results = []
+    for args, proc in zip(commands, procs):
+        out, err = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(scrapy_cmd(*args), proc.returncode, out, err))
+    return results

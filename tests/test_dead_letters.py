@@ -57,7 +57,7 @@ def test_poison_and_unreachable_requests_become_dead_letters(clean, tmp_path) ->
     assert len(download) == 1 and "attempts=2" in download[0]
     assert len(lines) == len(callback) + len(download)
 
-    shown = run_scrapy(env, "dlq", "show", "poison", download[0].split()[0], cwd=project)
+    shown = run_scrapy(env, "dlq", "show", "poison", download[0].split()[0], "--json", cwd=project)
     letter = json.loads(shown.stdout)
     assert letter["url"] == unreachable and json.loads(letter["request"])["url"] == unreachable
 

@@ -122,3 +122,20 @@ def test_a_stalled_worker_cannot_release_a_lease_another_worker_took_over(queue)
     other.ack({lease})
     assert server.zcard("queue_test:lease_deadlines") == 0 and server.hlen("queue_test:leased") == 0
     assert server.hlen("queue_test:lease_owners") == 0
+
+
+def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:
+    """What Scrapy itself puts on requests (fetch/shell's status filter, robots.txt's marker)."""
+    from scrapy.http.request import NO_CALLBACK
+    from scrapy.utils.datatypes import SequenceExclude
+
+    queue.push(scrapy.Request("http://127.0.0.1/robots.txt", callback=NO_CALLBACK,
+                              meta={"handle_httpstatus_list": SequenceExclude(range(300, 400))}))
+    json.loads(queue.server.zrange(queue.key, 0, 0)[0])
+    got = queue.pop()
+    assert got.callback is NO_CALLBACK
+    statuses = got.meta["handle_httpstatus_list"]
+    assert isinstance(statuses, SequenceExclude) and 404 in statuses and 200 in statuses and 301 not in statuses
+    # A spider method called NO_CALLBACK's stored name does not exist: nothing else decodes to it.
+    with pytest.raises(ValueError):
+        request_from_dict({"url": "http://127.0.0.1/", "callback": "NO_CALLBACK"}, queue.spider)

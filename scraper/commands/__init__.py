@@ -1,22 +1,41 @@
-"""Operator commands (``COMMANDS_MODULE``): crawl, demo, seed, migrate, queue, runs."""
+"""Operator commands (``COMMANDS_MODULE``): crawl, demo, seed, migrate, queue, runs, dlq, dbshell,
+export; and Scrapy's genspider and parse, made to fit this project."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+from scrapy.spiderloader import get_spider_loader
+
 from .. import backends
 from ..config import ConfigError
 
 
-def backends_or_report(command: Any, need_postgres: bool = True) -> backends.Backends | None:
-    """Resolve Redis and Postgres (or Redis alone) for an operator command; on a bad setting,
-    print the one-line error, set exit status 2 and return None."""
+def backends_or_report(command: Any, need_postgres: bool = True, need_redis: bool = True) -> backends.Backends | None:
+    """Resolve Redis and Postgres (or only the one needed) for an operator command; on a bad
+    setting, print the one-line error, set exit status 2 and return None."""
     try:
-        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres)
+        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres,
+                              need_redis=need_redis)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         command.exitcode = 2
+        return None
+
+
+def report_error(command: Any, message: str, status: int = 2) -> None:
+    """One line on stderr and an exit status: how every operator command reports user errors."""
+    print(f"error: {message}", file=sys.stderr)
+    command.exitcode = status
+
+
+def spider_or_report(command: Any, name: str) -> type | None:
+    """The spider class called *name*; if there is none, one line (as ``crawl`` says it) and None."""
+    try:
+        return get_spider_loader(command.settings).load(name)
+    except KeyError:
+        report_error(command, f"Spider not found: {name} (scrapy list shows the spiders)")
         return None
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 from argparse import ArgumentParser, Namespace
+from typing import Any, ClassVar
 
 from scrapy.commands.crawl import Command as ScrapyCrawl
-from scrapy.exceptions import UsageError
 
 from .. import addon, backends
 from ..config import ConfigError
@@ -23,6 +23,9 @@ from ..scraping_api.middleware import get_settings as api_settings
 
 
 class Command(ScrapyCrawl):
+    # The one command (with scrapyd's jobs, which run it) that joins the shared crawl.
+    default_settings: ClassVar[dict[str, Any]] = {**ScrapyCrawl.default_settings, "SHARED_STATE": True}
+
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--fresh", action="store_true",
@@ -49,8 +52,10 @@ class Command(ScrapyCrawl):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 2
             return
-        except KeyError as exc:
-            raise UsageError(f"Spider not found: {args[0]}") from exc
+        except KeyError:
+            print(f"error: Spider not found: {args[0]} (scrapy list shows the spiders)", file=sys.stderr)
+            self.exitcode = 2
+            return
         self.crawler_process.crawl(crawler, **opts.spargs)
         self.crawler_process.start()
         if self.crawler_process.bootstrap_failed:

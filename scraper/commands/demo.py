@@ -11,6 +11,7 @@ import secrets
 import sys
 import time
 from argparse import ArgumentParser, Namespace
+from typing import Any, ClassVar
 
 import psycopg2
 from scrapy.commands import ScrapyCommand
@@ -24,6 +25,7 @@ from ..scraping_api.standin import StandIn
 
 class Command(ScrapyCommand):
     requires_project = True
+    default_settings: ClassVar[dict[str, Any]] = {"SHARED_STATE": True}  # a real crawl, end to end
 
     def short_desc(self) -> str:
         return "Serve the demo shop locally and crawl it into Postgres"
@@ -107,4 +109,6 @@ class Command(ScrapyCommand):
             f"demo: Postgres holds {products} demo products (the shop has {expected} valid ones) "
             f"and {rejects} rejects (the shop has {len(catalog.broken_products())} broken pages)"
         )
-        print(f'demo: look inside with: psql "{mask_url(found.database_url)}" -c "SELECT * FROM products LIMIT 5"')
+        # Commands that still work once this process (and the embedded servers with it) is gone.
+        print('demo: look inside with: .venv/bin/scrapy dbshell -c "SELECT sku, title, price FROM products LIMIT 5"')
+        print("demo: export with: .venv/bin/scrapy export products -o products.csv (or .jsonl, .json; --since 1h)")

@@ -14,12 +14,13 @@ from ..storage import schema
 
 class Command(ScrapyCommand):
     requires_project = True
+    requires_crawler_process = False  # no crawl: no Scrapy banner either
 
     def short_desc(self) -> str:
         return "Create or update the Postgres tables of every item type"
 
     def run(self, args: list[str], opts: Namespace) -> None:
-        found = backends_or_report(self)
+        found = backends_or_report(self, need_redis=False)  # tables only: no Redis to start
         if found is None:
             return
         conn = psycopg2.connect(found.database_url)

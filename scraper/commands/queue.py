@@ -18,7 +18,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
-from . import SpiderName, backends_or_report
+from . import SpiderName, backends_or_report, spider_or_report
 from ..config import ConfigError
 from ..queue import keys
 from ..queue.dupefilter import seen_config, seen_size
@@ -58,6 +58,7 @@ def _age(seconds: float) -> str:
 
 class Command(ScrapyCommand):
     requires_project = True
+    requires_crawler_process = False  # no crawl: no Scrapy banner either
 
     def syntax(self) -> str:
         return "[options] [spider ...]"
@@ -72,6 +73,8 @@ class Command(ScrapyCommand):
         parser.add_argument("--json", action="store_true", help="one JSON object per spider")
 
     def run(self, args: list[str], opts: Namespace) -> None:
+        if any(spider_or_report(self, name) is None for name in args):
+            return
         found = backends_or_report(self, need_postgres=False)
         if found is None:
             return

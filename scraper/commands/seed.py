@@ -1,9 +1,11 @@
 """``scrapy seed <spider> <url-or-file>...``: put start URLs into a spider's shared queue.
 
 Arguments are URLs, or files with one URL per line (``-`` reads standard input; blank lines and
-``#`` comments are skipped). Seeds are queued for the spider's ``parse`` callback and bypass
-the seen-set, so seeding a URL again crawls it again. Run it once, then start any number of
-``scrapy crawl <spider>`` processes on any machine: they all take work from the same queue.
+``#`` comments are skipped). Seeds are queued for the spider's ``parse`` callback and claimed in
+the crawl's seen-set, as a link found by a crawl is, so a seeded page is not fetched again when
+a crawl finds a link to it; a URL already seen in this run is not queued again, and said so
+(``--force`` queues it anyway). Run it once, then start any number of ``scrapy crawl <spider>``
+processes on any machine: they all take work from the same queue.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import Iterator
 import scrapy
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
-from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.misc import load_object
 from w3lib.url import is_url
 
-from . import backends_or_report
+from . import backends_or_report, report_error, spider_or_report
+from ..config import ConfigError
+from ..queue.dupefilter import make_store
 from ..queue.keys import queue_key
-from ..queue.queues import PriorityQueue
+from ..queue.queues import PriorityQueue, score_for
 from ..redis_client import get_redis
 
 
@@ -48,6 +52,7 @@ def read_urls(sources: list[str]) -> Iterator[str]:
 
 class Command(ScrapyCommand):
     requires_project = True
+    requires_crawler_process = False  # no crawl: no Scrapy banner either
 
     def syntax(self) -> str:
         return "<spider> <url-or-file>..."
@@ -58,28 +63,68 @@ class Command(ScrapyCommand):
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--priority", type=int, default=0, help="priority of the seeded requests")
+        parser.add_argument("--force", action="store_true",
+                            help="queue URLs already seen in this run too (they are crawled again)")
 
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) < 2:
-            raise UsageError("give a spider name and at least one URL or file")
+            return report_error(self, "usage: scrapy seed <spider> <url-or-file>...: give a spider and at least one URL or file")
         name, sources = args[0], args[1:]
-        spidercls = get_spider_loader(self.settings).load(name)
+        spidercls = spider_or_report(self, name)
+        if spidercls is None:
+            return
+        try:
+            urls = list(read_urls(sources))  # all or nothing: a typo on line 900 queues no half list
+        except UsageError as exc:
+            return report_error(self, str(exc))
         found = backends_or_report(self, need_postgres=False)
         if found is None:
             return
         spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl
         spider.name = name
         server = get_redis(found.redis_url)
-        urls = list(read_urls(sources))  # all or nothing: a typo on line 900 queues no half list
+        try:
+            store = make_store(server, name, self.settings)
+        except ConfigError as exc:
+            return report_error(self, str(exc))
+        # The crawl's own fingerprints, so that a seed and a link to the same page are one page.
+        fingerprinter = load_object(self.settings["REQUEST_FINGERPRINTER_CLASS"])()
+        queue = PriorityQueue(server, spider, queue_key(name))
+        queued = seen = 0
+        repeated: list[str] = []
         # Pipelined in chunks: one round trip per thousand URLs instead of one per URL.
         pipe = server.pipeline(transaction=False)
-        batch = PriorityQueue(pipe, spider, queue_key(name))
+        chunk: list[str] = []
+
+        def send() -> None:
+            nonlocal queued, seen
+            results = pipe.execute()
+            claims = results[::2] if opts.force else results  # with --force: claim, push, claim, push…
+            for url, new in zip(chunk, claims):
+                if not new:
+                    seen += 1
+                    if len(repeated) < 5:
+                        repeated.append(url)
+                if new or opts.force:
+                    queued += 1
+            chunk.clear()
+
         for done, url in enumerate(urls, 1):
-            batch.push(scrapy.Request(url, callback=spider.parse, dont_filter=True, priority=opts.priority))
+            request = scrapy.Request(url, callback=spider.parse, priority=opts.priority)
+            data = queue._encode_request(request)
+            score = score_for(opts.priority)
+            # Claimed, and queued if new, in one atomic step, as the scheduler does with links.
+            store.push_if_new(pipe, fingerprinter.fingerprint(request).hex(), queue.key, score, data)
+            if opts.force:
+                pipe.zadd(queue.key, {data: score})  # the same entry if the claim queued it
+            chunk.append(url)
             if done % 1000 == 0:
-                pipe.execute()
+                send()
             if done % 100_000 == 0:
                 print(f"seed: {done}/{len(urls)} queued", flush=True)
-        pipe.execute()
-        queue = PriorityQueue(server, spider, queue_key(name))
-        print(f"queued {len(urls)} start URL(s) for {name!r}; {len(queue)} request(s) now in its queue")
+        send()
+        print(f"queued {queued} start URL(s) for {name!r}; {len(queue)} request(s) now in its queue")
+        if seen:
+            what = "queued again anyway (--force)" if opts.force else "not queued again (--force queues them)"
+            print(f"{seen} URL(s) already seen in this run, {what}: "
+                  f"{', '.join(repeated)}{' …' if seen > len(repeated) else ''}")

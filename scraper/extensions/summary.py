@@ -1,4 +1,13 @@
-"""A short summary of the crawl, logged (and printed by ``make demo``) when the spider closes."""
+"""A short summary of the crawl, logged (and printed by ``make demo``) when the spider closes.
+
+A crawl that fetched nothing, or whose start requests were dropped, also gets a warning naming
+the cause (offsite, robots.txt, already seen in this run, unreachable) and the setting or flag
+that changes it: those reasons otherwise live only in the stats, under a summary that says
+"0 pages … 0 errors".
+
+The pages/s rate is over the time the crawl was fetching (until its last response), not the
+idle wait for other nodes' work before a finished crawl closes.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +15,17 @@ import logging
 import time
 from typing import Any
 
-from scrapy import signals
+from scrapy import Request, signals
 
 logger = logging.getLogger(__name__)
+
+ACTIVE_STAT = "summary/active_seconds"
 
 
 def summarize(stats: dict[str, Any], elapsed: float) -> str:
     pages = stats.get("response_received_count", 0)
     stored = stats.get("item_scraped_count", 0)
+    active = stats.get(ACTIVE_STAT) or elapsed
     return (
         f"{pages} pages, {stored} items stored "
         f"({stats.get('postgres/inserted', 0)} new, {stats.get('postgres/updated', 0)} updated, "
@@ -21,27 +33,85 @@ def summarize(stats: dict[str, Any], elapsed: float) -> str:
         f"{stats.get('item_rejected_count', 0)} rejected, "
         f"{stats.get('item_duplicates_dropped', 0)} duplicates dropped, "
         f"{stats.get('log_count/ERROR', 0)} errors, in {elapsed:.1f} s "
-        f"({pages / elapsed if elapsed else 0:.0f} pages/s)"
+        f"({pages / active if active else 0:.0f} pages/s)"
     )
+
+
+def causes(stats: dict[str, Any], spider: Any = None) -> list[str]:
+    """Why requests went unfetched, each with what changes it, from the crawl's stats."""
+    found = []
+    offsite = stats.get("offsite/filtered", 0)
+    if offsite:
+        domains = getattr(spider, "allowed_domains", None)
+        found.append(
+            f"{offsite} offsite (not in the spider's allowed_domains {domains!r}: list host names, "
+            "without scheme or port)"
+        )
+    robots = stats.get("robotstxt/forbidden", 0)
+    if robots:
+        found.append(f"{robots} forbidden by robots.txt (-s ROBOTSTXT_OBEY=False to ignore it)")
+    seen = stats.get("dupefilter/filtered", 0) + stats.get("dupefilter/filtered_shared", 0)
+    if seen:
+        found.append(
+            f"{seen} already seen in this run (the seen-set of a run that has not finished; "
+            "-s SCHEDULER_FLUSH_ON_START=true starts the run over, DUPEFILTER_EXPIRY forgets pages)"
+        )
+    failed = stats.get("downloader/exception_count", 0)
+    if failed:
+        kinds = sorted(
+            (key.rsplit("/", 1)[-1].rsplit(".", 1)[-1] for key in stats if key.startswith("downloader/exception_type_count/")),
+        )
+        found.append(
+            f"{failed} downloads failed, unreachable ({', '.join(kinds)}; check the start URL, "
+            "DOWNLOAD_TIMEOUT and RETRY_TIMES)"
+        )
+    return found
 
 
 class CrawlSummary:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.started = time.monotonic()
+        self.last_response: float | None = None
+        self.start_dropped = 0
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "CrawlSummary":
         ext = cls(crawler)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        crawler.signals.connect(ext.request_dropped, signal=signals.request_dropped)
         return ext
 
     def spider_opened(self) -> None:
         self.started = time.monotonic()
 
+    def response_received(self) -> None:
+        self.last_response = time.monotonic()
+
+    def request_dropped(self, request: Request) -> None:
+        if request.meta.get("is_start_request"):
+            self.start_dropped += 1
+
     def spider_closed(self, reason: str) -> None:
-        elapsed = time.monotonic() - self.started
-        stats = self.crawler.stats.get_stats()
-        run = f", run {stats['run/id']} of {self.crawler.spider.name}" if stats.get("run/id") else ""
-        logger.info("Crawl summary (%s%s): %s", reason, run, summarize(stats, elapsed))
+        now = time.monotonic()
+        stats = self.crawler.stats
+        if self.last_response is not None:
+            stats.set_value(ACTIVE_STAT, round(self.last_response - self.started, 3))
+        values = stats.get_stats()
+        run = f", run {values['run/id']} of {self.crawler.spider.name}" if values.get("run/id") else ""
+        logger.info("Crawl summary (%s%s): %s", reason, run, summarize(values, now - self.started))
+        # robots.txt answers count as responses; they are not the pages the crawl is for.
+        pages = values.get("response_received_count", 0) - values.get("robotstxt/response_count", 0)
+        if pages and not self.start_dropped:
+            return
+        spider = self.crawler.spider
+        why = causes(values, spider)
+        if not pages:
+            what = "No page was fetched"
+        else:
+            what = f"{self.start_dropped} start request(s) were dropped"
+        if not why:
+            why = ["the spider yielded no request (check its start_urls or start())"]
+        logger.warning("%s for %r: %s", what, getattr(spider, "name", "?"), "; ".join(why))

@@ -20,6 +20,7 @@ from typing import Any
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
+from scrapy.http.request import NO_CALLBACK
 from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.misc import load_object
 
@@ -99,6 +100,10 @@ class DeadLetterDownloaderMiddleware:
             self._bury(request, f"download {type(exception).__name__}")
 
     def _bury(self, request: Request, reason: str) -> None:
+        if request.callback is NO_CALLBACK:
+            # A component's own request (robots.txt, a media download): the component that
+            # made it handles its failure; as a dead letter it would be requeued to no callback.
+            return
         bury(self.crawler, request, reason, request.meta.get("retry_times", 0) + 1)
 
 

@@ -2,27 +2,53 @@
 
 A request lands here when its download still fails after Scrapy's retries, when its callback
 keeps raising after ``DLQ_CALLBACK_RETRIES`` more tries, or when its queue entry cannot be read.
-Each entry keeps the request itself (the same JSON as the queue), the reason, the attempt count
-and the time; ``scrapy dlq`` lists, shows and requeues them.
+Each entry keeps the request itself (the same JSON as the queue), the last reason, the attempt
+count of its last run, how many times it was dead-lettered and the time; ``scrapy dlq`` lists,
+shows, requeues and purges them.
+
+One entry per request (method, URL and body): a request dead-lettered again, in a later run or
+after a requeue, replaces its entry and counts up, instead of piling up one entry per run. The
+index of entries by request lives next to the list (``<spider>:dead:index``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import redis
 from scrapy import Request
 
-from .keys import dead_key, queue_key
+from . import serializer
+from .keys import dead_index_key, dead_key, queue_key
+
+#: Meta a request collects while it fails (retries, callback retries, its lease): a requeued
+#: dead letter starts again with none of it, so it gets its full retries.
+FAILURE_META = ("retry_times", "callback_attempts", "_lease", "download_latency", "download_slot")
 
 
-def entry(reason: str, attempts: int, url: str | None, data: str) -> str:
+def entry(reason: str, attempts: int, url: str | None, data: str, count: int = 1) -> str:
     """One dead letter, as stored: the request's queue JSON plus why and how often it failed."""
     return json.dumps(
-        {"at": time.time(), "reason": reason, "attempts": attempts, "url": url, "request": data},
+        {"at": time.time(), "reason": reason, "attempts": attempts, "url": url, "request": data, "count": count},
         ensure_ascii=False,
     )
+
+
+def identity(request: Request) -> str:
+    return hashlib.sha1(f"{request.method} {request.url}\0".encode() + (request.body or b"")).hexdigest()
+
+
+def fresh_request(data: str) -> str:
+    """The queue JSON *data* without the meta a request collected while failing."""
+    request = serializer.loads(data)
+    meta = request.get("meta")
+    if isinstance(meta, dict):
+        for name in FAILURE_META:
+            meta.pop(name, None)
+    return serializer.dumps(request)
 
 
 class DeadLetters:
@@ -32,17 +58,34 @@ class DeadLetters:
         from .queues import PriorityQueue  # the queue module records unreadable entries here
 
         self.key = dead_key(spider.name)
+        self.index_key = dead_index_key(spider.name)
         self.queue = PriorityQueue(server, spider, queue_key(spider.name))
 
-    def add(self, request: Request | None, reason: str, attempts: int, raw: bytes | str | None = None) -> None:
-        """Set a request aside. *raw* is an undecodable queue entry, kept as it was."""
-        if request is not None:
-            data = self.queue._encode_request(request)
-            url = request.url
-        else:
+    def add(self, request: Request | None, reason: str, attempts: int, raw: bytes | str | None = None) -> int:
+        """Set a request aside; returns how many times it has been. *raw* is an undecodable
+        queue entry, kept as it was."""
+        if request is None:
             data = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
-            url = None
-        self.server.rpush(self.key, entry(reason, attempts, url, data))
+            self.server.rpush(self.key, entry(reason, attempts, None, data))
+            return 1
+        data = self.queue._encode_request(request)
+        ident = identity(request)
+        with self.server.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(self.index_key)
+                    old = pipe.hget(self.index_key, ident)
+                    count = 1 + (_count(old) if old else 0)
+                    new = entry(reason, attempts, request.url, data, count)
+                    pipe.multi()
+                    if old:
+                        pipe.lrem(self.key, 1, old)
+                    pipe.rpush(self.key, new)
+                    pipe.hset(self.index_key, ident, new)
+                    pipe.execute()
+                    return count
+                except redis.WatchError:
+                    continue
 
     def __len__(self) -> int:
         return self.server.llen(self.key)
@@ -52,23 +95,63 @@ class DeadLetters:
             yield index, json.loads(raw)
 
     def requeue(self, reason: str | None = None) -> int:
-        """Put entries (all, or those whose reason starts with *reason*) back in the queue.
+        """Put entries (all, or those whose reason starts with *reason*) back in the queue, with
+        their retry counters reset.
 
         They bypass the seen-set, as a redelivery must. Returns how many were requeued."""
         from .queues import score_for
 
-        moved = 0
+        def move(pipe: Any, letter: dict[str, Any]) -> bool:
+            try:
+                data = fresh_request(letter["request"])
+                priority = int(json.loads(data).get("priority", 0))
+            except (ValueError, TypeError, AttributeError):
+                return False  # an unreadable entry stays for a human to look at
+            pipe.zadd(self.queue.key, {data: score_for(priority)})
+            return True
+
+        # The index keeps a requeued request: should it fail again, its count goes on.
+        return self._take(reason, move, forget=False)
+
+    def purge(self, reason: str | None = None) -> int:
+        """Delete entries (all, or those whose reason starts with *reason*); returns how many."""
+        return self._take(reason, lambda pipe, letter: True, forget=True)
+
+    def _take(self, reason: str | None, action: Callable[[Any, dict[str, Any]], bool], forget: bool) -> int:
+        taken = 0
         for raw in self.server.lrange(self.key, 0, -1):
             letter = json.loads(raw)
-            if reason and not letter["reason"].startswith(reason):
+            if reason and not str(letter.get("reason", "")).startswith(reason):
                 continue
-            try:
-                priority = int(json.loads(letter["request"]).get("priority", 0))
-            except (ValueError, TypeError, AttributeError):
-                continue  # an unreadable entry stays for a human to look at
             pipe = self.server.pipeline()
-            pipe.zadd(self.queue.key, {letter["request"]: score_for(priority)})
+            if not action(pipe, letter):
+                continue
             pipe.lrem(self.key, 1, raw)
+            ident = _identity_of(letter) if forget else None
+            if ident:
+                # Only if the index still points at this very entry.
+                pipe.eval(_HDEL_IF, 1, self.index_key, ident, raw)
             pipe.execute()
-            moved += 1
-        return moved
+            taken += 1
+        return taken
+
+
+_HDEL_IF = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
+def _count(raw: bytes | str) -> int:
+    try:
+        return int(json.loads(raw).get("count", 1))
+    except (ValueError, TypeError, AttributeError):
+        return 1
+
+
+def _identity_of(letter: dict[str, Any]) -> str | None:
+    try:
+        data = serializer.loads(letter["request"])
+        return identity(Request(data["url"], method=data.get("method", "GET"), body=data.get("body") or b""))
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -42,6 +42,11 @@ def run_figures_key(spider_name: str, run_id: int) -> str:
     return f"{spider_name}:run:{run_id}:figures"
 
 
+def dead_index_key(spider_name: str) -> str:
+    """Request identity -> its entry in :func:`dead_key`: one dead letter per request."""
+    return f"{spider_name}:dead:index"
+
+
 def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
     """Keys that describe one run of a crawl and are dropped when that run completes.
 

@@ -11,17 +11,23 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from scrapy import Request, Spider
+from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.misc import load_object
 
 from .serializer import SerializationError
 
 # Only these packages may name the request class of a queued request.
 _ALLOWED_CLASS_PREFIXES = ("scrapy.", "scraper.")
+# How Scrapy's "no spider callback" marker (robots.txt, the components' own requests) is stored:
+# not a method name, since no spider method may be called for such a request.
+NO_CALLBACK_NAME = "scrapy.http.request.NO_CALLBACK"
 
 
 def _callback_name(spider: Spider, func: Callable[..., Any] | str | None, cache: dict[Any, str]) -> str | None:
     if func is None or isinstance(func, str):
         return func
+    if func is NO_CALLBACK:
+        return NO_CALLBACK_NAME
     key = getattr(func, "__func__", func)
     name = cache.get(key)
     if name is not None:
@@ -67,7 +73,9 @@ def request_from_dict(data: dict[str, Any], spider: Spider) -> Request:
     kwargs = {k: v for k, v in data.items() if k in cls.attributes}
     for attr in ("callback", "errback"):
         name = data.get(attr)
-        if name:
+        if name == NO_CALLBACK_NAME and attr == "callback":
+            kwargs[attr] = NO_CALLBACK
+        elif name:
             method = getattr(spider, str(name), None)
             if not callable(method):
                 raise ValueError(f"spider {spider.name!r} has no method {name!r}")

@@ -7,7 +7,9 @@ that only ever produces and accepts plain JSON.
 JSON has no bytes and no non-string keys, while Scrapy's request dicts hold both (headers,
 body). They are tagged: ``{"$b": "<latin-1 text>"}`` for bytes (lossless and far smaller than
 base64 for the ASCII that headers and bodies mostly are) and ``{"$d": [[key, value], ...]}`` for
-dicts whose keys are not all strings, or that would be mistaken for a tag.
+dicts whose keys are not all strings, or that would be mistaken for a tag. Scrapy's own
+meta value ``SequenceExclude`` (``scrapy fetch`` and ``shell`` put one in
+``handle_httpstatus_list``) is tagged ``{"$x": [...]}``: the statuses it excludes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-_TAGS = ("$b", "$d")
+from scrapy.utils.datatypes import SequenceExclude
+
+_TAGS = ("$b", "$d", "$x")
 
 
 class SerializationError(TypeError):
@@ -36,6 +40,8 @@ def _encode(value: Any, path: str) -> Any:
         return {"$d": [[_encode(k, path), _encode(v, f"{path}[{k!r}]")] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
         return [_encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, SequenceExclude) and isinstance(value.seq, (range, list, tuple, set, frozenset)):
+        return {"$x": [_encode(v, f"{path}.seq") for v in sorted(value.seq)]}
     raise SerializationError(f"{path} holds a {type(value).__name__}, which cannot be stored as JSON")
 
 
@@ -48,6 +54,8 @@ def _decode(value: Any) -> Any:
                 return value["$b"].encode("latin-1")
             if "$d" in value:
                 return {_freeze(_decode(k)): _decode(v) for k, v in value["$d"]}
+            if "$x" in value:
+                return SequenceExclude(frozenset(_decode(value["$x"])))
         return {k: _decode(v) for k, v in value.items()}
     return value
 

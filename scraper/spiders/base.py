@@ -26,6 +26,10 @@ class CatalogSpider(scrapy.Spider):
         for url in self.start_urls:
             yield scrapy.Request(url, callback=self.parse)
 
+    def site_url(self) -> str:
+        """The site's root: where ``@page`` contracts (see :mod:`scraper.contracts`) resolve."""
+        return self.start_urls[0] if self.start_urls else ""
+
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
         if not self.is_html(response):
             return

@@ -21,10 +21,29 @@ class DemoSpider(CatalogSpider):
     date_order = "DMY"
 
     async def start(self) -> AsyncIterator[Any]:
+        yield scrapy.Request(self.site_url(), callback=self.parse)
+
+    def site_url(self) -> str:
         # -a url=... wins over the DEMO_SITE_URL setting.
-        yield scrapy.Request(getattr(self, "url", None) or self.settings["DEMO_SITE_URL"], callback=self.parse)
+        return getattr(self, "url", None) or self.settings["DEMO_SITE_URL"]
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        """Home and listing pages: links to categories, next pages and products.
+
+        @page /
+        @returns items 0 0
+        @returns requests 8
+        """
+        yield from super().parse(response, **kwargs)
 
     def parse_product(self, response: Response) -> Iterator[ProductItem]:
+        """A product page: one product.
+
+        @page /p/1.html
+        @returns items 1 1
+        @returns requests 0 0
+        @scrapes sku title price url brand description category availability image released_at
+        """
         if not self.is_html(response):
             return
         yield ProductItem(

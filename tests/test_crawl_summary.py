@@ -1,0 +1,60 @@
+"""A crawl that did nothing says why, naming the setting or flag that changes it."""
+
+from __future__ import annotations
+
+import socket
+
+from conftest import crawl_env, project_with_spider, run_scrapy
+from scraper.demo_site import Catalog, DemoSite
+
+OFFSITE_SPIDER = '''
+from urllib.parse import urlsplit
+
+from scraper.spiders.demo import DemoSpider
+
+
+class PortedSpider(DemoSpider):
+    name = "ported"
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider.allowed_domains = [urlsplit(spider.site_url()).netloc]  # host:port, as genspider once wrote
+        return spider
+'''
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def warning_of(result) -> str:
+    lines = [l for l in result.stderr.splitlines() if "WARNING" in l and ("No page was fetched" in l or "start request" in l)]
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_crawl_that_fetched_nothing_says_why(clean, tmp_path) -> None:
+    project = project_with_spider(tmp_path, "ported", OFFSITE_SPIDER)
+    with DemoSite(Catalog(products=30)) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project))
+        offsite = run_scrapy(env, "crawl", "ported", cwd=project)
+        # An interrupted run whose queue was lost: its seen-set still holds the start page.
+        first = run_scrapy(env, "crawl", "demo", "-s", "CLOSESPIDER_PAGECOUNT=3", "-s", "CONCURRENT_REQUESTS=1", cwd=project)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert "No page was fetched" not in first.stderr
+        server = clean.redis()
+        server.delete("demo:requests", "demo:lease_deadlines")
+        seen = run_scrapy(env, "crawl", "demo", cwd=project)
+    unreachable = run_scrapy({**env, "DEMO_SITE_URL": f"http://127.0.0.1:{closed_port()}/"},
+                             "crawl", "demo", "-s", "RETRY_TIMES=0", cwd=project)
+
+    line = warning_of(offsite)
+    assert "No page was fetched for 'ported'" in line and "1 offsite" in line and "without scheme or port" in line
+    assert "Crawl summary (finished): 0 pages" in offsite.stderr
+    line = warning_of(seen)
+    assert "already seen in this run" in line and "SCHEDULER_FLUSH_ON_START" in line
+    line = warning_of(unreachable)
+    assert "downloads failed, unreachable" in line and "ConnectionRefusedError" in line
