@@ -273,3 +273,29 @@ def test_unreachable_api_and_wrong_base_url_end_as_dead_letters(clean, shop, api
     assert dead_letters(clean) == {shop.url: "api:404:NOT_FOUND"}
     assert "is SCRAPING_API_URL right?" in wrong.stderr
     assert_key_nowhere(clean, wrong.stdout, wrong.stderr)
+
+
+def test_api_calls_left_by_an_earlier_version_are_deleted_never_sent_or_shown(clean, shop, api) -> None:
+    """Earlier versions could dead-letter or requeue the API call itself, key included."""
+    from scraper.queue import serializer
+    from scraper.queue.dead_letters import entry
+
+    call = {"url": f"{api.url}/api/v1/scrape", "method": "POST", "headers": {"X-Api-Key": [KEY]},
+            "body": b'{"url": "%s"}' % shop.url.encode(), "meta": {"_scraping_api_call": True},
+            "priority": 0, "dont_filter": True, "callback": None, "errback": None, "flags": [], "cb_kwargs": {},
+            "cookies": {}, "encoding": "utf-8"}
+    data = serializer.dumps(call)
+    r = clean.redis()
+    r.rpush("demo:dead", entry("http 503", 3, call["url"], data))
+    r.zadd("demo:requests", {data: 0})
+    env = env_for(clean, shop, api.url, "alterlab")
+    listing = run_scrapy(env, "dlq", "list", "demo")
+    assert listing.returncode == 0, listing.stderr
+    assert "deleted 1 dead letter(s) that were scraping-API calls" in listing.stderr
+    assert "0 dead letter(s) shown" in listing.stdout and KEY not in listing.stdout + listing.stderr
+    result = run_scrapy(env, "crawl", "demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "a scraping-API call queued by an earlier version" in result.stderr
+    assert "/api/v1/scrape" not in "".join(api.stats()["targets"])  # never sent as a page
+    assert_each_product_stored_or_rejected_once(clean.query, shop.catalog)
+    assert_key_nowhere(clean, listing.stdout, result.stderr)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from argparse import ArgumentParser, Namespace
 from typing import Any
@@ -93,6 +94,10 @@ class Command(ScrapyCommand):
         if found is None:
             return
         letters = DeadLetters(get_redis(found.redis_url), SpiderName(spider))
+        leaked = letters.purge_api_calls()
+        if leaked:
+            print(f"warning: deleted {leaked} dead letter(s) that were scraping-API calls recorded by an earlier "
+                  f"version: they held the API key (rotate the key if others can read this Redis)", file=sys.stderr)
         if action == "list":
             shown = 0
             for index, letter in letters.entries():

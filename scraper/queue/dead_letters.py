@@ -23,6 +23,7 @@ from scrapy import Request
 
 from . import serializer
 from .keys import dead_index_key, dead_key, queue_key
+from .requests import is_leaked_api_call
 
 #: Meta a request collects while it fails (retries, callback retries, its lease): a requeued
 #: dead letter starts again with none of it, so it gets its full retries.
@@ -112,6 +113,17 @@ class DeadLetters:
 
         # The index keeps a requeued request: should it fail again, its count goes on.
         return self._take(reason, move, forget=False)
+
+    def purge_api_calls(self) -> int:
+        """Delete the entries that are scraping-API calls of an earlier version (they hold the
+        API key and are no target page); returns how many."""
+        def leaked(pipe: Any, letter: dict[str, Any]) -> bool:
+            try:
+                return is_leaked_api_call(serializer.loads(letter["request"]))
+            except (ValueError, TypeError, KeyError):
+                return False
+
+        return self._take(None, leaked, forget=True)
 
     def purge(self, reason: str | None = None) -> int:
         """Delete entries (all, or those whose reason starts with *reason*); returns how many."""

@@ -19,10 +19,14 @@ from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 from . import serializer as json_serializer
 from .dead_letters import entry as dead_entry
 from .keys import dead_key
-from .requests import request_from_dict, request_to_dict
+from .requests import is_leaked_api_call, request_from_dict, request_to_dict
 from .serializer import SerializationError
 
 logger = logging.getLogger(__name__)
+
+
+class LeakedApiCall(ValueError):
+    """A queue entry that is not a target request but an API call holding the key."""
 
 
 LEASE_META = "_lease"
@@ -142,7 +146,10 @@ class PriorityQueue(_RedisPriorityQueue):
             ) from None
 
     def _decode_request(self, encoded_request: bytes | str) -> Request:
-        return request_from_dict(self.serializer.loads(encoded_request), self.spider)
+        data = self.serializer.loads(encoded_request)
+        if is_leaked_api_call(data):
+            raise LeakedApiCall("a scraping-API call queued by an earlier version (it holds the API key)")
+        return request_from_dict(data, self.spider)
 
     def pop(self, timeout: int = 0) -> Request | None:
         # ZPOPMIN takes the best-scored entries atomically, several per round trip when
@@ -161,6 +168,12 @@ class PriorityQueue(_RedisPriorityQueue):
             if lease:
                 request.meta[LEASE_META] = lease
             return request
+        except LeakedApiCall as exc:
+            if lease:
+                self.leases.ack({lease})
+            # Never fetched (it would send the raw API call) nor dead-lettered (it holds the key).
+            logger.error("Deleted from %s: %s", self.key, exc)
+            return None
         except (ValueError, TypeError, KeyError) as exc:
             if lease:
                 self.leases.ack({lease})  # set aside below: the lease has nothing left to guard

@@ -21,6 +21,16 @@ _ALLOWED_CLASS_PREFIXES = ("scrapy.", "scraper.")
 # How Scrapy's "no spider callback" marker (robots.txt, the components' own requests) is stored:
 # not a method name, since no spider method may be called for such a request.
 NO_CALLBACK_NAME = "scrapy.http.request.NO_CALLBACK"
+# Versions before the scraping-API client was private sent the API's own calls (the key in
+# their headers or URL) through the downloader under this meta flag, and on errors they could
+# end up queued or dead-lettered. Such an entry is never fetched or shown again: it is deleted.
+LEAKED_API_CALL_META = "_scraping_api_call"
+
+
+def is_leaked_api_call(data: dict[str, Any]) -> bool:
+    """A stored request that is a scraping-API call of an earlier version, holding the key."""
+    meta = data.get("meta") if isinstance(data, dict) else None
+    return isinstance(meta, dict) and bool(meta.get(LEAKED_API_CALL_META))
 
 
 def _callback_name(spider: Spider, func: Callable[..., Any] | str | None, cache: dict[Any, str]) -> str | None:
