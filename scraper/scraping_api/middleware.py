@@ -48,7 +48,7 @@ from ..redis_client import UNREACHABLE, get_redis
 from .budget import Budget, SharedBudget
 from .client import ApiClient, TransportError, is_usable
 from .providers import (
-    AUTH, BLOCKED, CREDITS, FATAL, PROVIDERS, ApiCall, ApiError, Expired, Failed, Job, OptionError,
+    AUTH, BLOCKED, CREDITS, FATAL, PROVIDERS, RETRY, ApiCall, ApiError, Expired, Failed, Job, OptionError,
     Provider, Result, Target,
 )
 from .routing import (
@@ -438,7 +438,8 @@ class ScrapingApiMiddleware:
                 answer = await self.client.send(call, timeout)
         except TransportError as exc:
             self.stats.inc_value(f"scraping_api/errors/{exc.kind}")
-            return ApiError(599, f"{exc.kind}: {exc}", code=exc.kind)
+            # An answer over DOWNLOAD_MAXSIZE would be as large the next time: not retried.
+            return ApiError(599, f"{exc.kind}: {exc}", code=exc.kind, kind=FATAL if exc.kind == "too_large" else RETRY)
         self.stats.inc_value(f"scraping_api/response_status_count/{answer.status}")
         if job_id is not None:
             return self.provider.parse_poll(answer.status, answer.headers, answer.body, job_id)
