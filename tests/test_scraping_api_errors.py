@@ -304,5 +304,7 @@ def test_api_calls_left_by_an_earlier_version_are_deleted_never_sent_or_shown(cl
 def test_an_answer_over_download_maxsize_is_a_dead_letter_at_once(clean, shop, api) -> None:
     result = run_scrapy(env_for(clean, shop, api.url, "alterlab", DOWNLOAD_MAXSIZE="3000"), "crawl", "demo")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert dead_letters(clean) == {shop.url: "api:599:too_large"}
-    assert api.stats()["scrapes"] == 1  # as large the next time: not retried
+    dead = dead_letters(clean)
+    assert dead and set(dead.values()) == {"api:599:too_large"}
+    assert all(u.startswith(shop.url) for u in dead)  # the target pages
+    assert set(api.stats()["targets"].values()) == {1}  # as large the next time: not retried
