@@ -1,5 +1,6 @@
-"""Retention: drop index rows older than ``ARCHIVE_RETENTION_DAYS``, then every file no kept
-row points at, either as its own record or as the body of a kept revisit."""
+"""Retention: drop index rows older than ``ARCHIVE_RETENTION_DAYS``, then each file those rows
+were in, unless a kept row still points at it, as its own record or as the body of a kept
+revisit. Files never indexed (one a live crawl is still writing to S3's spool) are not touched."""
 
 from __future__ import annotations
 
@@ -13,22 +14,15 @@ def prune(conn: Any, store: Store, retention_days: float, now: datetime) -> tupl
     """Returns (index rows deleted, files deleted)."""
     cutoff = now - timedelta(days=retention_days)
     with conn, conn.cursor() as cur:
-        cur.execute("DELETE FROM archive_index WHERE fetched_at < %s", (cutoff,))
-        rows = cur.rowcount
-        cur.execute("SELECT file FROM archive_index UNION SELECT payload_file FROM archive_index")
+        cur.execute("DELETE FROM archive_index WHERE fetched_at < %s RETURNING file, payload_file", (cutoff,))
+        deleted = cur.fetchall()
+        candidates = {f for row in deleted for f in row}
+        cur.execute("SELECT file FROM archive_index WHERE file = ANY(%(f)s)"
+                    " UNION SELECT payload_file FROM archive_index WHERE payload_file = ANY(%(f)s)",
+                    {"f": list(candidates)})
         kept = {row[0] for row in cur.fetchall()}
-    files = 0
-    # A file still being written by a live crawl is not indexed yet and is not old either.
-    for name in list(store.names()):
-        if name not in kept and _file_time(name) < cutoff:
+        # Deleted in the same transaction as the rows: a failure leaves both, never a dangling row.
+        gone = sorted(candidates - kept)
+        for name in gone:
             store.delete(name)
-            files += 1
-    return rows, files
-
-
-def _file_time(name: str) -> datetime:
-    """The time a file was started, from its name (``…-YYYYmmddTHHMMSS-host-pid-seq.warc.gz``)."""
-    from datetime import timezone
-
-    stamp = name.rsplit("/", 1)[-1].split("-")[-4]
-    return datetime.strptime(stamp, "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+    return len(deleted), len(gone)
