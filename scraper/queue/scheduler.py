@@ -33,6 +33,7 @@ from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
 from ..redis_client import UNREACHABLE, get_redis
+from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
@@ -203,8 +204,10 @@ class SharedScheduler(Scheduler):
             self.leases.ack(set(self.leases.mine))
         finished = reason == "finished"
         run_keys = keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
+        run_keys = gone.hold_items_seen(self.crawler, self.spider.name, run_keys)
         outcome = self.nodes.leave(self.queue.key, finished, run_keys,
                                    leases_key=self.leases.deadlines_key if self.leases else None)
+        gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == -1)
         if outcome == -1 and self.df.run_keys():
             logger.info(
                 "Crawl of %r complete on every node: its seen-set was cleared so the next run starts fresh",
