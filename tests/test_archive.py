@@ -150,3 +150,11 @@ def test_no_key_cookie_or_authorization_reaches_the_archive(clean, site, tmp_pat
             assert header not in data.lower(), (path, header)
     dump = clean.query("SELECT string_agg(archive_index::text, '') FROM archive_index")[0][0]
     assert key not in dump and "cookie" not in dump.lower() and "authorization" not in dump.lower()
+
+
+def test_a_bad_archive_setting_fails_at_start_naming_it(clean) -> None:
+    result = run_scrapy(crawl_env(clean, ARCHIVE_RETENTION_DAYS="a month"), "crawl", "demo")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "ARCHIVE_RETENTION_DAYS" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
