@@ -15,6 +15,7 @@ from typing import Any
 from scrapy.settings import BaseSettings
 
 from . import backends, shared_state
+from .archive.config import read_config as read_archive_config
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .queue.dupefilter import seen_config
@@ -69,6 +70,7 @@ def validate(settings: BaseSettings) -> None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
+    read_archive_config(settings)  # ARCHIVE_*
 
 
 class BackendsAddon:

@@ -75,6 +75,15 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             ``<html lang>``) then English, else English alone.
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
+``ARCHIVE_ENABLED``         Archive every response the spiders see as WARC (false); setting
+                            ``ARCHIVE_URL`` turns it on too.
+``ARCHIVE_URL``             Where: a folder (default ``DATA_DIR/archive``) or
+                            ``s3://bucket/prefix`` (credentials from the usual ``AWS_*`` variables).
+``ARCHIVE_S3_ENDPOINT``     URL of an S3-compatible server (MinIO, Ceph…); unset: AWS.
+``ARCHIVE_RETENTION_DAYS``  Days ``scrapy archive prune`` keeps (30); a file a kept revisit
+                            record points at is kept too.
+``ARCHIVE_FILE_SIZE``       Bytes before the archive starts a new file (104857600).
+``ARCHIVE_FILE_AGE``        Seconds before the archive starts a new file (300).
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
                             embedded Postgres for it, else the system's).
@@ -111,7 +120,11 @@ DATABASE_URL = _env("DATABASE_URL", "")
 DATA_DIR = _env("DATA_DIR", ".data")
 
 # Resolves the URLs above (or starts the embedded servers) before any component is built.
-ADDONS = {"scraper.addon.BackendsAddon": 0, "scraper.scraping_api.addon.ScrapingApiAddon": 10}
+ADDONS = {
+    "scraper.addon.BackendsAddon": 0,
+    "scraper.scraping_api.addon.ScrapingApiAddon": 10,
+    "scraper.archive.addon.ArchiveAddon": 20,
+}
 
 # --- crawling -------------------------------------------------------------------------------
 ROBOTSTXT_OBEY = True
@@ -224,7 +237,18 @@ DOWNLOADER_MIDDLEWARES = {
     "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": 540,
     # First of all: no new download starts while the database is behind.
     "scraper.middlewares.backpressure.StoreBackpressureMiddleware": 10,
+    # Frontmost, so its process_response runs last and sees exactly what the spider gets.
+    "scraper.archive.middleware.ArchiveMiddleware": 1,
 }
+
+# --- raw archive (scraper/archive) -----------------------------------------------------------
+# Off unless ARCHIVE_ENABLED is true or ARCHIVE_URL is set; default place: DATA_DIR/archive.
+ARCHIVE_ENABLED = _env("ARCHIVE_ENABLED", "false")
+ARCHIVE_URL = _env("ARCHIVE_URL", "")  # a folder, or s3://bucket/prefix
+ARCHIVE_S3_ENDPOINT = _env("ARCHIVE_S3_ENDPOINT", "")  # an S3-compatible server; unset: AWS
+ARCHIVE_RETENTION_DAYS = _env("ARCHIVE_RETENTION_DAYS", "30")
+ARCHIVE_FILE_SIZE = _env("ARCHIVE_FILE_SIZE", str(100 * 1024 * 1024))  # bytes before a new file
+ARCHIVE_FILE_AGE = _env("ARCHIVE_FILE_AGE", "300")  # seconds before a new file
 
 # --- metrics (Prometheus) -------------------------------------------------------------------
 METRICS_ENABLED = _env("METRICS_ENABLED", "true")

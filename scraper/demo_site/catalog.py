@@ -201,6 +201,7 @@ class Catalog:
         per_page: int = 20,
         seed: int = 42,
         reprice: int = 0,
+        removed: tuple[int, ...] = (),
     ) -> None:
         if products < 1 or categories < 1 or per_page < 1 or reprice < 0:
             raise ValueError(
@@ -213,6 +214,10 @@ class Catalog:
         self.reprice = reprice
         self.categories, base = _generate(products, categories, seed)
         self.products, self.repriced_ids = _apply_reprice(base, reprice)
+        # Products taken off the shop: no page, no listing entry (what a shop does with a
+        # discontinued product).
+        self.removed = tuple(sorted(set(removed)))
+        self.products = [p for p in self.products if p.id not in self.removed]
         self._by_id = {p.id: p for p in self.products}
         self._by_slug = {c.slug: c for c in self.categories}
         self._listed: dict[str, list[Product]] = {c.slug: [] for c in self.categories}
@@ -240,7 +245,13 @@ class Catalog:
     def with_reprice(self, count: int) -> Catalog:
         """Same catalog with ``count`` (absolute, not cumulative) products repriced."""
         return Catalog(
-            self.product_count, self.category_count, self.per_page, self.seed, count
+            self.product_count, self.category_count, self.per_page, self.seed, count, self.removed
+        )
+
+    def with_removed(self, ids: tuple[int, ...]) -> Catalog:
+        """Same catalog without the products *ids* (absolute, not cumulative)."""
+        return Catalog(
+            self.product_count, self.category_count, self.per_page, self.seed, self.reprice, ids
         )
 
     # -- lookups -----------------------------------------------------------

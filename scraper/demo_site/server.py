@@ -226,6 +226,17 @@ class DemoSite:
                 self._renderer = _Renderer(current.with_reprice(count))
             return list(self._renderer.catalog.repriced_ids)
 
+    def remove(self, count: int) -> list[int]:
+        """Serve the catalog without ``count`` of its ordinary products (the lowest ids; 0
+        brings them all back); returns their ids."""
+        with self._lock:
+            current = self._renderer.catalog
+            base = current.with_removed(())
+            ids = tuple(p.id for p in base.valid_products() if p.kind is None)[:count]
+            if ids != current.removed:
+                self._renderer = _Renderer(current.with_removed(ids))
+            return list(ids)
+
     def record(self, target: str) -> None:
         with self._lock:
             self._stats[target] += 1

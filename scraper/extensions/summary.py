@@ -32,6 +32,7 @@ def summarize(stats: dict[str, Any], elapsed: float) -> str:
         f"{stats.get('postgres/unchanged', 0)} unchanged), "
         f"{stats.get('item_rejected_count', 0)} rejected, "
         f"{stats.get('item_duplicates_dropped', 0)} duplicates dropped, "
+        f"{stats.get('items/gone', 0)} gone, "
         f"{stats.get('log_count/ERROR', 0)} errors, in {elapsed:.1f} s "
         f"({pages / active if active else 0:.0f} pages/s)"
     )

@@ -111,6 +111,12 @@ class CrawlCollector(Collector):
                        ["spider", "outcome"],
                        {(s, o): get(f"postgres/{o}") for o in ("inserted", "updated", "unchanged")})
 
+        yield _counter("scraper_items_gone", "Rows a finished run did not see, marked gone.", ["spider"],
+                       {(s,): get("items/gone")})
+        yield _counter("scraper_archive_records", "Responses archived, by WARC record type.", ["spider", "type"],
+                       {(s, "response"): get("archive/responses"), (s, "revisit"): get("archive/revisits")})
+        yield _counter("scraper_archive_bytes", "Bytes written to the archive (gzipped WARC).", ["spider"],
+                       {(s,): get("archive/bytes")})
         yield _counter("scraper_storage_rows_written", "Rows written (items and rejects).", ["spider"],
                        {(s,): get("postgres/rows_written")})
         yield _counter("scraper_storage_write_failures", "Batches the database failed to take.", ["spider"],

@@ -55,7 +55,8 @@ class DedupePipeline:
         origin = str(getattr(item, "_origin", "") or "")
         owner = self._local.get(digest)
         if owner is None:
-            hkey = items_seen_key(self.crawler.spider.name)
+            # A replay (scrapy reprocess) claims in a hash of its own, apart from the live crawl's.
+            hkey = self.crawler.settings.get("ARCHIVE_REPLAY_ITEMS_KEY") or items_seen_key(self.crawler.spider.name)
             reply = await self._claim(hkey, digest.hex(), origin)
             owner = reply.decode() if isinstance(reply, bytes) else str(reply or "")
             if len(self._local) >= LOCAL_CACHE_LIMIT:

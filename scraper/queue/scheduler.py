@@ -38,6 +38,7 @@ from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
 from ..redis_client import UNREACHABLE, get_redis
+from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_store, seen_config
 from .nodes import NodeRegistry
@@ -303,8 +304,12 @@ class SharedScheduler(Scheduler):
             self.leases.ack(set(self.leases.mine))
         if not self.run.run_id:
             return  # closed while waiting to begin: never part of a run
-        outcome, live = self.run.leave(reason, self._run_keys())
+        # The run's item claims are held back from the keys dropped at its finish: gone-marking
+        # reads them first (and drops them).
+        outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()))
         self.run_outcome = outcome
+        self.crawler.stats.set_value("run/outcome", outcome)
+        gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == "finished")
         name, run_id = self.spider.name, self.run.run_id
         if outcome == "finished" and self.df.run_keys():
             logger.info("Run %d of %s finished on every node: its seen-set was cleared so the next run starts fresh",

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from psycopg2 import sql
 
 from ..items.base import StoredItem
+from . import history
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,10 @@ BOOKKEEPING_COLUMNS = {
     "first_seen": "timestamptz NOT NULL DEFAULT now()",
     "last_seen": "timestamptz NOT NULL DEFAULT now()",
     "updated_at": "timestamptz NOT NULL DEFAULT now()",
+    # Set when a finished run of the row's spider did not see it; cleared when seen again.
+    "gone_at": "timestamptz",
+    # The spider that last wrote the row: whose finished runs may mark it gone.
+    "spider": "text",
 }
 REJECTS_TABLE = "rejects"
 REJECTS_DDL = """
@@ -93,6 +98,7 @@ def migrate(conn: Any, item_types: Iterable[type[StoredItem]]) -> list[str]:
             if REJECTS_TABLE not in _tables(cur):
                 changes.append(f"created table {REJECTS_TABLE}")
             cur.execute(REJECTS_DDL)
+            history.ensure(cur)
             for item_type in item_types:
                 changes.extend(_migrate_one(cur, item_type))
     for change in changes:

@@ -20,6 +20,8 @@ from typing import Any
 
 from psycopg2 import sql
 
+from .history import Change, diff
+
 
 @dataclass
 class Row:
@@ -38,6 +40,8 @@ class BatchResult:
     updated: set[tuple[Any, ...]] = field(default_factory=set)
     # key -> database error, for rows the database refused (isolated row by row)
     failed: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    # Inserts and changes, for the history (only when the upserter tracks them)
+    changes: list[Change] = field(default_factory=list)
 
 
 def _jsonable(value: Any) -> Any:
@@ -65,20 +69,36 @@ def copy_line(values: list[Any]) -> str:
 
 
 class TableUpserter:
-    """Builds (once) and runs the statements for one table."""
+    """Builds (once) and runs the statements for one table.
 
-    def __init__(self, table: str, columns: list[str], key: tuple[str, ...], last_seen_resolution: float) -> None:
+    *spider* (when given) is written with each inserted or changed row: a finished run of that
+    spider may mark the row gone. *track*: report each insert and change with its old and new
+    values (``BatchResult.changes``) for the history.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        columns: list[str],
+        key: tuple[str, ...],
+        last_seen_resolution: float,
+        spider: str | None = None,
+        track: bool = False,
+    ) -> None:
         self.table = table
         self.columns = columns
         self.key = key
+        self.spider = spider
+        self.track = track
         self.stage = f"_stage_{table}"
-        all_cols = [*columns, "content_hash"]
+        all_cols = [*columns, "content_hash", *(["spider"] if spider is not None else [])]
         ident = sql.Identifier
         cols_sql = sql.SQL(", ").join(map(ident, all_cols))
         key_sql = sql.SQL(", ").join(map(ident, key))
         key_match = sql.SQL(" AND ").join(
             sql.SQL("t2.{k} = s.{k}").format(k=ident(k)) for k in key
         )
+        s_key = sql.SQL(", ").join(sql.SQL("s.{}").format(ident(k)) for k in key)
         fresh = sql.SQL("now() - make_interval(secs => {})").format(sql.Literal(float(last_seen_resolution)))
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in all_cols if c not in key
@@ -90,6 +110,19 @@ class TableUpserter:
         self.copy = sql.SQL("COPY {stage} ({cols}) FROM STDIN").format(
             stage=ident(self.stage), cols=cols_sql
         )
+        # The rows about to change, read and locked (in key order, like the merge) before the
+        # merge overwrites them: their old values are the history's "old". Unchanged rows are
+        # filtered out before the lock, so they are neither locked nor WAL-logged.
+        self.lock_old = sql.SQL(
+            """
+            SELECT {s_key}, to_jsonb(cur) FROM (SELECT * FROM {stage} ORDER BY {key}) s
+            JOIN LATERAL (
+                SELECT t2.* FROM {table} t2 WHERE {key_match}
+                AND (t2.content_hash IS DISTINCT FROM s.content_hash OR t2.gone_at IS NOT NULL)
+                LIMIT 1 FOR UPDATE
+            ) cur ON true
+            """
+        ).format(s_key=s_key, stage=ident(self.stage), key=key_sql, table=ident(table), key_match=key_match)
         # The current row is looked up per staged row (LATERAL … LIMIT 1), which forces an
         # index probe: a plain NOT EXISTS lets the planner hash the whole target table for
         # every batch, which is 50 ms per 1,000 rows at 100k rows and grows with the table.
@@ -98,28 +131,32 @@ class TableUpserter:
             INSERT INTO {table} AS t ({cols})
             SELECT {s_cols} FROM {stage} s
             LEFT JOIN LATERAL (
-                SELECT t2.content_hash, t2.last_seen FROM {table} t2 WHERE {key_match} LIMIT 1
+                SELECT t2.content_hash, t2.last_seen, t2.gone_at FROM {table} t2 WHERE {key_match} LIMIT 1
             ) cur ON true
             WHERE cur.content_hash IS DISTINCT FROM s.content_hash OR cur.last_seen < {fresh}
+                OR cur.gone_at IS NOT NULL
             ORDER BY {s_key}
             ON CONFLICT ({key}) DO UPDATE SET {updates},
                 last_seen = now(),
+                gone_at = NULL,
                 updated_at = CASE WHEN t.content_hash IS DISTINCT FROM EXCLUDED.content_hash
                                   THEN now() ELSE t.updated_at END
             WHERE t.content_hash IS DISTINCT FROM EXCLUDED.content_hash OR t.last_seen < {fresh}
-            RETURNING {key}, (xmax = 0) AS inserted, (updated_at = now()) AS changed
+                OR t.gone_at IS NOT NULL
+            RETURNING {key}, (xmax = 0) AS inserted, (updated_at = now()) AS changed{new}
             """
         ).format(
             table=ident(table), stage=ident(self.stage), cols=cols_sql, key=key_sql,
             s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(ident(c)) for c in all_cols),
-            s_key=sql.SQL(", ").join(sql.SQL("s.{}").format(ident(k)) for k in key),
-            key_match=key_match, fresh=fresh, updates=updates,
+            s_key=s_key, key_match=key_match, fresh=fresh, updates=updates,
+            new=sql.SQL(", to_jsonb(t)") if track else sql.SQL(""),
         )
 
     def _copy_data(self, rows: list[Row]) -> str:
         columns = self.columns
+        extra = [] if self.spider is None else [self.spider]
         return "".join(
-            copy_line([row.values.get(c) for c in columns] + [row.content_hash]) + "\n" for row in rows
+            copy_line([row.values.get(c) for c in columns] + [row.content_hash] + extra) + "\n" for row in rows
         )
 
     def write(self, cur: Any, rows: list[Row], again: bool = False) -> BatchResult:
@@ -133,8 +170,12 @@ class TableUpserter:
         if again:
             cur.execute(self.clear_stage)
         cur.copy_expert(self.copy, io.StringIO(self._copy_data(rows)))
-        cur.execute(self.merge)
         width = len(self.key)
+        old: dict[tuple[Any, ...], dict[str, Any]] = {}
+        if self.track:
+            cur.execute(self.lock_old)
+            old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
+        cur.execute(self.merge)
         for record in cur.fetchall():
             key = tuple(record[:width])
             inserted, changed = record[width], record[width + 1]
@@ -142,4 +183,16 @@ class TableUpserter:
                 result.inserted.add(key)
             elif changed:
                 result.updated.add(key)
+            if self.track:
+                self._note_change(result, key, inserted, old.get(key), record[width + 2])
         return result
+
+    def _note_change(self, result: BatchResult, key: tuple[Any, ...], inserted: bool,
+                     old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        if inserted:
+            values = {c: [None, new.get(c)] for c in self.columns if new.get(c) is not None}
+            result.changes.append(Change(list(key), "insert", values))
+        elif old is not None:
+            changed = diff(old, new, self.columns)
+            if changed or old.get("gone_at") is not None:
+                result.changes.append(Change(list(key), "back" if old.get("gone_at") is not None else "update", changed))

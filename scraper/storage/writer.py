@@ -28,7 +28,7 @@ import socket
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import psycopg2
 import psycopg2.errors
@@ -38,7 +38,7 @@ from twisted.internet import defer, task, threads
 
 from ..items.base import StoredItem
 from ..secrets import redact
-from . import schema
+from . import history, schema
 from .upsert import BatchResult, Row, TableUpserter
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class PostgresWriter:
         retry_timeout: float = 600.0,
         max_pending: int = 10_000,
         stats: Any = None,
+        history_context: Callable[[], history.Context] | None = None,
     ) -> None:
         self.dsn = dsn
         self.batch_size = batch_size
@@ -80,6 +81,8 @@ class PostgresWriter:
         self.retry_timeout = retry_timeout
         self.max_pending = max_pending
         self.stats = stats
+        # Called per flush (the run id may be known only once the crawl runs); None: no history.
+        self.history_context = history_context
         # Set once the database stayed away past retry_timeout: later rows fail at once.
         self.gave_up: str | None = None
         self._in_flight = 0
@@ -173,8 +176,10 @@ class PostgresWriter:
             finally:
                 conn.close()
         self._types[item_type.table] = item_type
+        spider = self.history_context().spider if self.history_context is not None else None
         self._upserters[item_type.table] = TableUpserter(
-            item_type.table, list(item_type.columns()), item_type.key, self.last_seen_resolution
+            item_type.table, list(item_type.columns()), item_type.key, self.last_seen_resolution,
+            spider=spider, track=self.history_context is not None,
         )
 
     # --- flushing -----------------------------------------------------------------------------
@@ -287,6 +292,7 @@ class PostgresWriter:
 
     def _write_once(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
         results: dict[str, BatchResult] = {}
+        context = self.history_context() if self.history_context is not None else None
         with self._conn:  # one transaction for the whole flush
             with self._conn.cursor() as cur:
                 for table in sorted(batches):
@@ -299,6 +305,9 @@ class PostgresWriter:
                     except _ROW_REFUSED:
                         cur.execute("ROLLBACK TO SAVEPOINT batch")
                         results[table] = self._write_row_by_row(cur, upserter, rows)
+                    if context is not None:
+                        # Same transaction as the rows: a change is committed with its history or not at all.
+                        history.record(cur, table, results[table].changes, context)
                 if rejects:
                     _write_rejects(cur, rejects)
         return results
@@ -312,6 +321,7 @@ class PostgresWriter:
                 cur.execute("RELEASE SAVEPOINT one_row")
                 result.inserted |= one.inserted
                 result.updated |= one.updated
+                result.changes += one.changes
             except _ROW_REFUSED as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT one_row")
                 result.failed[row.key] = "database refused the row: " + " ".join(str(exc).split())
@@ -376,6 +386,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
         retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 600.0, minimum=0),
         max_pending=get_int(settings, "POSTGRES_MAX_PENDING", 10_000, minimum=1),
         stats=crawler.stats,
+        history_context=history_context_for(crawler),
     )
     writer.open(stored_item_types())
     logger.info("Storing items in %s", mask_url(settings["DATABASE_URL"]))
@@ -386,3 +397,17 @@ def writer_for(crawler: Any) -> PostgresWriter:
 
     crawler.signals.connect(close_writer, signal=signals.spider_closed, weak=False)
     return writer
+
+
+def history_context_for(crawler: Any) -> Callable[[], history.Context]:
+    """Who the crawl's history entries name: its spider, its run, and why (a crawl, or a
+    ``scrapy reprocess`` replay, which sets ``ARCHIVE_REPLAY``)."""
+    from ..runs_hook import current_run_id
+
+    reason = "reprocess" if crawler.settings.getbool("ARCHIVE_REPLAY") else "crawl"
+
+    def context() -> history.Context:
+        spider = getattr(crawler, "spider", None)
+        return history.Context(getattr(spider, "name", None), current_run_id(crawler), reason)
+
+    return context

@@ -1,0 +1,108 @@
+"""Where archive files live: a folder, or an S3-compatible bucket.
+
+Files are written locally and only read back by byte range, so a store needs four operations.
+S3 has no append: an S3 store receives each file whole once it is rotated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Iterator, Protocol
+
+
+class Store(Protocol):
+    # True when a file being written is already readable where the index says (a folder):
+    # its index rows can be written before the file is closed.
+    readable_while_open: bool
+
+    def local_path(self, name: str) -> str: ...
+    def publish(self, name: str) -> None: ...
+    def read(self, name: str, offset: int, length: int) -> bytes: ...
+    def delete(self, name: str) -> None: ...
+    def names(self) -> Iterator[str]: ...
+
+
+class FolderStore:
+    readable_while_open = True
+
+    def __init__(self, root: str) -> None:
+        self.root = root[len("file://"):] if root.startswith("file://") else root
+
+    def local_path(self, name: str) -> str:
+        path = os.path.join(self.root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def publish(self, name: str) -> None:
+        pass  # written in place
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        with open(os.path.join(self.root, name), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def delete(self, name: str) -> None:
+        try:
+            os.remove(os.path.join(self.root, name))
+        except FileNotFoundError:
+            pass
+
+    def names(self) -> Iterator[str]:
+        for folder, _dirs, files in os.walk(self.root):
+            for file in files:
+                if file.endswith(".warc.gz"):
+                    yield os.path.relpath(os.path.join(folder, file), self.root)
+
+
+class S3Store:
+    readable_while_open = False
+
+    def __init__(self, url: str, spool: str, endpoint: str | None = None) -> None:
+        import boto3
+
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.spool = spool
+        # Credentials and region come from the environment (AWS_*), as boto3 reads them.
+        self.client: Any = boto3.client("s3", endpoint_url=endpoint)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def local_path(self, name: str) -> str:
+        path = os.path.join(self.spool, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def publish(self, name: str) -> None:
+        path = os.path.join(self.spool, name)
+        self.client.upload_file(path, self.bucket, self._key(name))
+        os.remove(path)
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name),
+                                        Range=f"bytes={offset}-{offset + length - 1}")
+        return answer["Body"].read()
+
+    def delete(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
+    def names(self) -> Iterator[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                yield key[len(self.prefix) + 1:] if self.prefix else key
+
+
+def store_for(url: str, data_dir: str, endpoint: str | None = None) -> Store:
+    if url.startswith("s3://"):
+        return S3Store(url, os.path.join(data_dir, "archive-spool"), endpoint)
+    return FolderStore(url)
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

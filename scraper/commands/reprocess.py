@@ -1,0 +1,162 @@
+"""``scrapy reprocess SPIDER [--run ID | --since DATE] [--url GLOB] [--follow]``.
+
+Replays the latest archived version of each matching page through the callback its request had
+and the whole item pipeline, fetching nothing: rows change only where today's code extracts
+differently, and each change enters the history with the reason ``reprocess``. Links the
+callbacks find are not fetched; ``--follow`` queues those the archive does not hold yet in the
+spider's shared queue, for the next ``scrapy crawl``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from argparse import ArgumentParser, Namespace
+from datetime import datetime, timezone
+
+import psycopg2
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from . import backends_or_report
+from ..archive import index
+from ..archive.config import read_config
+from ..archive.replay import select_records
+from ..archive.store import store_for
+from ..config import ConfigError
+from ..extensions.summary import summarize
+from ..queue.keys import queue_key
+from ..queue.queues import PriorityQueue
+from ..redis_client import get_redis
+
+REPLAY_SETTINGS = {
+    "ARCHIVE_REPLAY": True,
+    # An in-memory scheduler: a replay takes nothing from, and adds nothing to, the shared queue.
+    "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+    "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
+    "ROBOTSTXT_OBEY": False,
+    "RETRY_ENABLED": False,
+    "REDIRECT_ENABLED": False,
+    "METRICS_ENABLED": False,
+    "CONCURRENT_REQUESTS": 64,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
+    "DOWNLOAD_DELAY": 0,
+    "AUTOTHROTTLE_ENABLED": False,
+    "SCRAPING_API_KEY": "",
+}
+DOWNLOADER_OVERRIDES = {
+    "scraper.archive.replay.ReplayDownloaderMiddleware": 0,
+    "scraper.archive.middleware.ArchiveMiddleware": None,
+    "scraper.scraping_api.middleware.ScrapingApiMiddleware": None,
+    "scraper.politeness.middleware.PolitenessMiddleware": None,
+    "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": None,
+}
+SPIDER_OVERRIDES = {
+    "scraper.archive.replay.ReplaySpiderMiddleware": 1,
+    # A callback that fails on an old page is logged, not a dead letter of the live crawl.
+    "scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware": None,
+}
+EXTENSION_OVERRIDES = {
+    "scraper.archive.replay.ReplayProgress": 500,
+    "scraper.extensions.idle_close.IdleClose": None,
+    "scraper.extensions.progress.ProgressLog": None,
+    "scraper.monitoring.exporter.MetricsExporter": None,
+}
+
+
+def parse_since(value: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"--since: {value!r} is not a date (YYYY-MM-DD or an ISO 8601 time)") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+
+    def syntax(self) -> str:
+        return "SPIDER [--run ID | --since DATE] [--url GLOB] [--follow]"
+
+    def short_desc(self) -> str:
+        return "Replay archived pages through today's code, fetching nothing"
+
+    def add_options(self, parser: ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--run", type=int, default=None, help="only the pages of this run")
+        parser.add_argument("--since", default=None, help="only pages fetched since this date")
+        parser.add_argument("--url", default=None, help="only URLs matching this glob")
+        parser.add_argument("--follow", action="store_true", help="queue new links found for the next crawl")
+        parser.add_argument("-a", dest="spargs", action="append", default=[], metavar="NAME=VALUE",
+                            help="spider argument (may be repeated)")
+
+    def run(self, args: list[str], opts: Namespace) -> None:
+        assert self.crawler_process
+        if len(args) != 1:
+            raise UsageError("give one spider name")
+        name = args[0]
+        found = backends_or_report(self)
+        if found is None:
+            return
+        try:
+            config = read_config(self.settings)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        since = parse_since(opts.since) if opts.since else None
+        conn = psycopg2.connect(found.database_url)
+        try:
+            index.ensure(conn)
+            records = select_records(conn, name, opts.run, since, opts.url)
+        finally:
+            conn.close()
+        if not records:
+            print(f"reprocess: no archived pages of {name!r} match", file=sys.stderr)
+            return
+        crawler = self.crawler_process.create_crawler(name)
+        for key, value in REPLAY_SETTINGS.items():
+            crawler.settings.set(key, value, priority="cmdline")
+        for setting, overrides in (("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
+                                   ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES), ("EXTENSIONS", EXTENSION_OVERRIDES)):
+            crawler.settings.set(setting, {**crawler.settings.getdict(setting), **overrides}, priority="cmdline")
+        items_key = f"{name}:items:reprocess:{uuid.uuid4().hex[:8]}"
+        crawler.settings.set("ARCHIVE_REPLAY_ITEMS_KEY", items_key, priority="cmdline")
+        crawler.settings.set("ARCHIVE_REPLAY_FOLLOW", opts.follow, priority="cmdline")
+        crawler.replay_records = records
+        crawler.replay_store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        spargs = dict(arg.split("=", 1) for arg in opts.spargs if "=" in arg)
+        print(f"reprocess: {len(records)} archived pages of {name!r}, replayed with no network", file=sys.stderr,
+              flush=True)
+        started = time.monotonic()
+        self.crawler_process.crawl(crawler, **spargs)
+        self.crawler_process.start()
+        elapsed = time.monotonic() - started
+        server = get_redis(found.redis_url)
+        server.delete(items_key)
+        if self.crawler_process.bootstrap_failed:
+            self.exitcode = 1
+            return
+        stats = crawler.stats.get_stats()
+        print(f"reprocess: {summarize(stats, elapsed)}", file=sys.stderr)
+        if opts.follow:
+            self._queue_new(crawler, name, found)
+
+    def _queue_new(self, crawler: object, name: str, found: object) -> None:
+        requests = getattr(crawler, "replay_found", {})
+        conn = psycopg2.connect(found.database_url)  # type: ignore[attr-defined]
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT DISTINCT url FROM archive_index WHERE spider = %s AND url = ANY(%s)",
+                            (name, list(requests)))
+                archived = {row[0] for row in cur.fetchall()}
+        finally:
+            conn.close()
+        new = [r for url, r in requests.items() if url not in archived]
+        server = get_redis(found.redis_url)  # type: ignore[attr-defined]
+        queue = PriorityQueue(server, crawler.spider, queue_key(name))  # type: ignore[attr-defined]
+        for request in new:
+            queue.push(request)
+        print(f"reprocess: {len(new)} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived)",
+              file=sys.stderr)

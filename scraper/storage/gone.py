@@ -1,0 +1,130 @@
+"""Gone rows: when a run finishes, rows of its spider it did not see get ``gone_at``.
+
+"Seen in the run" is what the dedupe pipeline claimed in Redis during the run (every entity
+every node stored, one field per natural key), not ``last_seen``, which is refreshed only
+every ``POSTGRES_LAST_SEEN_RESOLUTION`` to keep unchanged rows free. The claims are hashed
+(sha1 of the table and key values); the same hash is computed over the spider's row keys.
+
+Only the last node out of a finished run marks anything, once, and only when the run
+completed (see :mod:`scraper.runs_hook`) and most of its pages did not fail: a run cut
+short would mark the whole unseen rest of the site gone. A row seen again later is upserted
+with ``gone_at`` cleared and a ``back`` history entry (see :mod:`scraper.storage.upsert`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from typing import Any, Iterable
+
+import psycopg2
+from psycopg2 import sql
+from psycopg2.extras import execute_values
+
+from ..items.base import StoredItem
+from ..queue.keys import items_seen_key
+from ..runs_hook import current_run_id, run_finished
+
+logger = logging.getLogger(__name__)
+
+
+def key_digest(table: str, key: Iterable[Any]) -> str:
+    """The dedupe pipeline's claim for an entity (see :mod:`scraper.pipelines.dedupe`)."""
+    return hashlib.sha1("\0".join([table, *(str(v) for v in key)]).encode("utf-8")).hexdigest()
+
+
+def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
+              run_id: int | None) -> int:
+    """Mark the *spider*'s rows whose key digest is not in *seen*; returns how many.
+
+    The digests are compared here rather than in SQL: Postgres has no built-in sha1. Only the
+    keys of the spider's current rows are read, by a server-side cursor."""
+    seen = set(seen)
+    total = 0
+    with conn, conn.cursor() as cur:
+        for item_type in item_types:
+            ident = sql.Identifier
+            keys = sql.SQL(", ").join(map(ident, item_type.key))
+            with conn.cursor(name="gone_keys") as rows:
+                rows.itersize = 10_000
+                rows.execute(sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(
+                    keys, ident(item_type.table)), (spider,))
+                missing = [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
+            if not missing:
+                continue
+            cur.execute("CREATE TEMP TABLE IF NOT EXISTS _gone_keys (key jsonb) ON COMMIT DROP")
+            execute_values(cur, "INSERT INTO _gone_keys (key) VALUES %s",
+                           [(json.dumps(list(k), default=str),) for k in missing])
+            match = sql.SQL(" AND ").join(
+                sql.SQL("t.{} = (g.key->>{})::{}").format(ident(k), sql.Literal(i), sql.SQL(_cast(item_type, k)))
+                for i, k in enumerate(item_type.key))
+            cur.execute(sql.SQL(
+                """
+                WITH g AS (
+                    UPDATE {table} t SET gone_at = now() FROM _gone_keys g
+                    WHERE {match} AND t.spider = %(spider)s AND t.gone_at IS NULL
+                    RETURNING g.key
+                )
+                INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)
+                SELECT %(table)s, g.key, 'gone', 'crawl', %(spider)s, %(run)s FROM g
+                """
+            ).format(table=ident(item_type.table), match=match),
+                {"spider": spider, "table": item_type.table, "run": run_id})
+            total += cur.rowcount
+            cur.execute("DELETE FROM _gone_keys")
+    return total
+
+
+def _cast(item_type: type[StoredItem], column: str) -> str:
+    return item_type.columns()[column].split()[0]
+
+
+def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]:
+    """The run keys the last node out may drop at once: all but the items claimed, which gone
+    marking reads first (see :func:`after_leave`), when this crawl stores items."""
+    if getattr(crawler, "_postgres_writer", None) is None:
+        return run_keys
+    return [k for k in run_keys if k != items_seen_key(spider)]
+
+
+def _mostly_failed(stats: Any) -> bool:
+    responses = stats.get_value("response_received_count", 0)
+    failed = stats.get_value("dead_letters/count", 0) + stats.get_value("downloader/exception_count", 0)
+    return responses == 0 or failed > responses
+
+
+def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: bool) -> None:
+    """Called by the scheduler once this node left the run. The last node out of a finished run
+    takes the run's item claims (renamed first, so a next run starts with a fresh hash) and marks
+    what they lack gone."""
+    writer = getattr(crawler, "_postgres_writer", None)
+    if writer is None or not last_out:
+        return
+    key = items_seen_key(spider)
+    held = f"{key}:closing:{uuid.uuid4().hex[:8]}"
+    try:
+        server.rename(key, held)
+    except Exception:  # no claims at all (nothing stored): nothing seen, and no key to take
+        held = None
+    try:
+        if not run_finished(crawler, reason):
+            logger.info("Run of %r did not finish (%s): nothing is marked gone", spider, reason)
+            return
+        if held is None or _mostly_failed(crawler.stats):
+            logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)
+            return
+        seen = (field.decode() if isinstance(field, bytes) else field for field, _ in server.hscan_iter(held))
+        conn = psycopg2.connect(writer.dsn)
+        try:
+            gone = mark_gone(conn, spider, list(writer._types.values()), seen, current_run_id(crawler))
+        finally:
+            conn.close()
+        crawler.stats.set_value("items/gone", gone)
+        logger.info("Run of %r finished: %d row(s) not seen in it marked gone", spider, gone)
+    except Exception as exc:
+        logger.error("Could not mark the rows of %r gone: %s", spider, exc)
+    finally:
+        if held is not None:
+            server.delete(held)

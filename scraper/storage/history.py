@@ -1,0 +1,76 @@
+"""Change history: every insert, change, disappearance and return of a stored row.
+
+One table for every item type (``item_changes``), not one per type: item types are declared in
+code and come and go, the changed values differ in type from table to table (``jsonb`` holds
+them all), and the questions asked of history cross types ("what changed in run 42?"). Rows
+are found by ``(item_table, key)``; ``changes`` maps each changed column to ``[old, new]`` (for
+an insert, ``[null, value]`` of every column with a value).
+
+Unchanged rows never reach this module: the upsert skips them before anything is written, so a
+re-crawl of unchanged pages costs no history and (nearly) no WAL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from psycopg2.extras import execute_values
+
+TABLE = "item_changes"
+DDL = """
+CREATE TABLE IF NOT EXISTS item_changes (
+    id          bigserial PRIMARY KEY,
+    item_table  text NOT NULL,
+    key         jsonb NOT NULL,
+    kind        text NOT NULL,   -- insert | update | gone | back
+    reason      text NOT NULL,   -- crawl | reprocess
+    spider      text,
+    run_id      bigint,
+    at          timestamptz NOT NULL DEFAULT now(),
+    changes     jsonb NOT NULL DEFAULT '{}'::jsonb
+);
+CREATE INDEX IF NOT EXISTS item_changes_key_idx ON item_changes (item_table, key, at);
+CREATE INDEX IF NOT EXISTS item_changes_at_idx ON item_changes (at);
+"""
+
+
+@dataclass
+class Change:
+    key: list[Any]
+    kind: str
+    changes: dict[str, list[Any]]
+
+
+@dataclass
+class Context:
+    """Who is writing: recorded with every entry."""
+
+    spider: str | None = None
+    run_id: int | None = None
+    reason: str = "crawl"
+
+
+def ensure(cur: Any) -> None:
+    cur.execute(DDL)
+
+
+def diff(old: dict[str, Any], new: dict[str, Any], columns: Iterable[str]) -> dict[str, list[Any]]:
+    """Columns whose values differ, as ``{column: [old, new]}`` (both as Postgres' jsonb gives them)."""
+    return {c: [old.get(c), new.get(c)] for c in columns if old.get(c) != new.get(c)}
+
+
+def record(cur: Any, table: str, changes: list[Change], context: Context) -> None:
+    """Insert *changes* of *table* inside the caller's transaction."""
+    if not changes:
+        return
+    execute_values(
+        cur,
+        "INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id, changes) VALUES %s",
+        [
+            (table, json.dumps(c.key, default=str), c.kind, context.reason, context.spider, context.run_id,
+             json.dumps(c.changes, default=str))
+            for c in changes
+        ],
+    )

@@ -1,0 +1,160 @@
+"""The raw archive end to end: WARC files and their index, reprocessing with no network, the
+same result from a folder and from a real local S3 server (moto's standalone server), retention,
+and secrets kept out."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from conftest import ROOT, crawl, crawl_env, run_scrapy
+from scraper.scraping_api.standin import StandIn
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
+                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items()
+                                                            if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
+    for _ in range(100):
+        try:
+            client.create_bucket(Bucket="archive")
+            break
+        except Exception:
+            time.sleep(0.1)
+    yield endpoint, client
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def index_view(clean) -> tuple[list[tuple], list[tuple]]:
+    # Which of two identical bodies comes first (the response; the other is a revisit) depends
+    # on download order: compare the pages, and that each body is stored once.
+    pages = clean.query("SELECT url, target_url, status, via, digest FROM archive_index ORDER BY 1, 5")
+    bodies = clean.query("SELECT digest, count(*) FILTER (WHERE record_type = 'response') FROM archive_index"
+                         " GROUP BY 1 ORDER BY 1")
+    return pages, bodies
+
+
+def reprocess(env: dict, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    result = run_scrapy(env, "reprocess", "demo", *args, cwd=cwd)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result
+
+
+def test_reprocess_with_a_changed_cleaner_changes_only_affected_rows(clean, site, tmp_path) -> None:
+    archive = str(tmp_path / "warc")
+    crawl(clean, site, ARCHIVE_URL=archive)
+    pages = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
+    assert pages == len(site.catalog.pages())
+    assert clean.query("SELECT count(*) FROM archive_index WHERE record_type = 'revisit'")[0][0] > 0
+    before = dict(clean.query("SELECT sku, title FROM products"))
+    site.stop()
+    served = site.stats()["total"]
+
+    # Today's code: a cleaner that now writes "Kettle" as "Tea Kettle".
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "scrapy.cfg", project)
+    text = project / "scraper" / "cleaning" / "text.py"
+    source = text.read_text()
+    anchor = "    if raw is None or isinstance(raw, bool):\n        return None\n"
+    assert anchor in source
+    text.write_text(source.replace(anchor, anchor + '    if isinstance(raw, str):\n        raw = raw.replace("Kettle", "Tea Kettle")\n'))
+    env = crawl_env(clean, ARCHIVE_URL=archive, PYTHONPATH=str(project))
+    result = reprocess(env, "--since", "2000-01-01", cwd=project)
+    assert f"reprocess: {pages}/{pages} pages" in result.stderr
+    assert site.stats()["total"] == served  # not one request reached the site
+
+    affected = {p.sku for p in site.catalog.valid_products()
+                if "Kettle" in f"{p.title} {p.description} {p.brand}"}
+    assert affected
+    changes = clean.query("SELECT key, changes FROM item_changes WHERE reason = 'reprocess'")
+    assert {key[1] for key, _ in changes} == affected
+    assert all(set(c) <= {"title", "description", "brand"} for _, c in changes)
+    after = dict(clean.query("SELECT sku, title FROM products"))
+    assert {s for s in after if after[s] != before[s]} == {s for s in affected if "Kettle" in before[s]}
+
+    # Replaying again changes nothing: no new history.
+    reprocess(env, "--url", "*/p/*", cwd=project)
+    assert clean.query("SELECT count(*) FROM item_changes WHERE reason = 'reprocess'")[0][0] == len(affected)
+
+
+def test_s3_archive_equals_folder_archive_and_prune_keeps_30_days(clean, site, tmp_path, s3_server) -> None:
+    endpoint, client = s3_server
+    crawl(clean, site, ARCHIVE_URL=str(tmp_path / "warc"))
+    folder_index = index_view(clean)
+    folder_replay = reprocess(crawl_env(clean, ARCHIVE_URL=str(tmp_path / "warc")))
+
+    clean.redis().flushdb()
+    clean.query("TRUNCATE archive_index, item_changes, products, rejects")
+    s3 = dict(S3_ENV, ARCHIVE_URL="s3://archive/warc", ARCHIVE_S3_ENDPOINT=endpoint, DATA_DIR=str(tmp_path / "data"))
+    crawl(clean, site, **s3)
+    assert index_view(clean) == folder_index
+    s3_replay = reprocess(crawl_env(clean, **s3))
+    summary = [line for line in s3_replay.stderr.splitlines() if line.startswith("reprocess: ") and "items" in line]
+    expected = [line for line in folder_replay.stderr.splitlines() if line.startswith("reprocess: ") and "items" in line]
+    assert summary[0].split(", in ")[0] == expected[0].split(", in ")[0]
+    assert "0 new, 0 updated" in summary[0]
+
+    def objects() -> set[str]:
+        return {o["Key"] for o in client.list_objects_v2(Bucket="archive").get("Contents", [])}
+
+    files = objects()
+    assert files and all(k.startswith("warc/demo/") and k.endswith(".warc.gz") for k in files)
+    # Half the records 40 days old: pruned; the files stay, the kept half points into them.
+    clean.query("UPDATE archive_index SET fetched_at = fetched_at - interval '40 days' WHERE id % 2 = 1")
+    recent = clean.query("SELECT count(*) FROM archive_index WHERE id % 2 = 0")[0][0]
+    pruned = run_scrapy(crawl_env(clean, **s3), "archive", "prune")
+    assert pruned.returncode == 0, pruned.stderr[-2000:]
+    assert clean.query("SELECT count(*) FROM archive_index WHERE id % 2 = 1")[0][0] == 0
+    assert clean.query("SELECT count(*) FROM archive_index")[0][0] == recent > 0
+    assert objects() == files
+    assert "0 new, 0 updated" in reprocess(crawl_env(clean, **s3)).stderr  # every kept record still reads
+    # A clock 31 days ahead: nothing is inside the window any more.
+    later = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 31 * 86400))
+    run_scrapy(crawl_env(clean, **s3), "archive", "prune", "--now", later)
+    assert clean.query("SELECT count(*) FROM archive_index")[0][0] == 0
+    assert objects() == set()
+
+
+def test_no_key_cookie_or_authorization_reaches_the_archive(clean, site, tmp_path) -> None:
+    key = "canary-" + os.urandom(8).hex()
+    archive = tmp_path / "warc"
+    with StandIn(key) as api:
+        crawl(clean, site, ARCHIVE_URL=str(archive), SCRAPING_API_KEY=key, SCRAPING_API_URL=api.url)
+    assert clean.query("SELECT count(*) FROM archive_index WHERE via = 'api' AND provider = 'alterlab'")[0][0] > 0
+    files = list(archive.rglob("*.warc.gz"))
+    assert files
+    for path in files:
+        data = gzip.decompress(path.read_bytes())
+        assert b"WARC/1.0" in data
+        assert key.encode() not in data
+        for header in (b"\r\ncookie:", b"\r\nset-cookie:", b"\r\nauthorization:", b"\r\nx-api-key:"):
+            assert header not in data.lower(), (path, header)
+    dump = clean.query("SELECT string_agg(archive_index::text, '') FROM archive_index")[0][0]
+    assert key not in dump and "cookie" not in dump.lower() and "authorization" not in dump.lower()
+
+
+def test_a_bad_archive_setting_fails_at_start_naming_it(clean) -> None:
+    result = run_scrapy(crawl_env(clean, ARCHIVE_RETENTION_DAYS="a month"), "crawl", "demo")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "ARCHIVE_RETENTION_DAYS" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
