@@ -53,10 +53,15 @@ def causes(stats: dict[str, Any], spider: Any = None) -> list[str]:
         found.append(f"{robots} forbidden by robots.txt (-s ROBOTSTXT_OBEY=False to ignore it)")
     seen = stats.get("dupefilter/filtered", 0) + stats.get("dupefilter/filtered_shared", 0)
     if seen:
-        found.append(
-            f"{seen} already seen in this run (the seen-set of a run that has not finished; "
-            "-s SCHEDULER_FLUSH_ON_START=true starts the run over, DUPEFILTER_EXPIRY forgets pages)"
-        )
+        name = getattr(spider, "name", "<spider>")
+        settings = getattr(spider, "settings", None)
+        expiry = settings.getfloat("DUPEFILTER_EXPIRY", 0) if settings is not None else 0
+        if expiry:
+            found.append(f"{seen} already seen within DUPEFILTER_EXPIRY={expiry:g}s (the seen-set outlives runs; "
+                         "lower it, or -s SCHEDULER_FLUSH_ON_START=true to forget every page)")
+        else:
+            found.append(f"{seen} already seen in this run (the seen-set of a run that has not finished; "
+                         f"`scrapy crawl {name} --fresh` discards that run)")
     failed = stats.get("downloader/exception_count", 0)
     if failed:
         kinds = sorted(
