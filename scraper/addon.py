@@ -14,6 +14,7 @@ from scrapy.settings import BaseSettings
 from . import backends
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
+from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 
 # (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
@@ -62,6 +63,7 @@ def validate(settings: BaseSettings) -> None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
+    quality_settings(settings)  # QUALITY_*: thresholds and switches
 
 
 class BackendsAddon:
