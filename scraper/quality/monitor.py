@@ -13,6 +13,10 @@ the run ``degraded`` if a check failed. A run that stopped (Ctrl-C, a close reas
 ``finished``) is not checked and so never becomes a baseline; a stopped run that is resumed
 is checked when it finishes. With ``QUALITY_FAIL_EXIT`` a degraded run makes ``scrapy crawl``
 exit with status 3 (the stat ``quality/exit_status``).
+
+Nodes that leave together: the last one out may check before another's final report lands in
+Redis; that node's figures then count as of its previous report (``RUNS_REPORT_INTERVAL``), as
+for the run's own figures.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class QualityMonitor:
         conf = read_settings(crawler.settings)
         if not conf.enabled or not crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler"):
             raise NotConfigured  # no shared scheduler, no run to judge
+        check_declared_coverage(crawler.spidercls)  # a typo in `coverage` fails before any fetch
         ext = cls(crawler, conf, get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
@@ -119,7 +124,6 @@ class QualityMonitor:
     def spider_opened(self, spider: Any) -> None:
         from twisted.internet import task
 
-        check_declared_coverage(spider)
         run_id = self.run_id()
         if not run_id:
             return
