@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (only Python 3.11+ needed):
 #   make demo   crawl the bundled demo shop through the whole pipeline (embedded Redis + Postgres);
-#               make demo API=1 fetches every page through the local scraping-API stand-in
+#               make demo API=1 fetches every page through the local scraping-API stand-in;
+#               make demo BREAK=1 serves half the product pages in a new layout (data-quality drill)
 #   make test   install what the tests need and run them
 PYTHON ?= python3
 VENV   ?= .venv
@@ -20,7 +21,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/scrapy demo --products $(PRODUCTS) $(if $(API),--api)
+	$(BIN)/scrapy demo --products $(PRODUCTS) $(if $(API),--api) $(if $(BREAK),--break-layout)
 
 demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)

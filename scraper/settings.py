@@ -84,6 +84,19 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             record points at is kept too.
 ``ARCHIVE_FILE_SIZE``       Bytes before the archive starts a new file (104857600).
 ``ARCHIVE_FILE_AGE``        Seconds before the archive starts a new file (300).
+``QUALITY_ENABLED``         Check each finished run's data quality (true); see README, Data quality.
+``QUALITY_BASELINE_RUNS``   A finished run is compared with the spider's last N checked runs (5).
+``QUALITY_MIN_ITEMS``       Fewer stored items of a type (or prices of a currency): their coverage
+                            (price median) is not judged (10).
+``QUALITY_COVERAGE_TOLERANCE``  A field with no declared expectation fails below its average
+                            coverage over the baseline less this (0.1).
+``QUALITY_ITEMS_DROP``      Items stored may drop by this share of the baseline's median (0.2).
+``QUALITY_REJECTS_RISE``    A field's share of rejected items may rise by this much (0.05).
+``QUALITY_GONE_SPIKE``      Rows gone in one run, as a share of the baseline's items (0.1).
+``QUALITY_PAGES_PER_ITEM_RISE``  Pages per stored item may rise by this share (0.5).
+``QUALITY_RESPONSES_RISE``  The share of error, blocked or empty responses may rise by this (0.05).
+``QUALITY_PRICE_SHIFT``     A currency's median price may move by this share (0.25).
+``QUALITY_FAIL_EXIT``       ``scrapy crawl`` exits with status 3 when its run is degraded (false).
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
                             embedded Postgres for it, else the system's).
@@ -195,11 +208,29 @@ POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
 POSTGRES_MAX_PENDING = _env("POSTGRES_MAX_PENDING", "10000")
 POSTGRES_RETRY_TIMEOUT = _env("POSTGRES_RETRY_TIMEOUT", "600")
 
+# --- data quality (scraper/quality) ----------------------------------------------------------
+# Each run is compared with the spider's last finished runs when it finishes; a spider may
+# override any of these in its custom_settings.
+QUALITY_ENABLED = _env("QUALITY_ENABLED", "true")
+QUALITY_BASELINE_RUNS = _env("QUALITY_BASELINE_RUNS", "5")
+QUALITY_MIN_ITEMS = _env("QUALITY_MIN_ITEMS", "10")
+QUALITY_COVERAGE_TOLERANCE = _env("QUALITY_COVERAGE_TOLERANCE", "0.1")
+QUALITY_ITEMS_DROP = _env("QUALITY_ITEMS_DROP", "0.2")
+QUALITY_REJECTS_RISE = _env("QUALITY_REJECTS_RISE", "0.05")
+QUALITY_GONE_SPIKE = _env("QUALITY_GONE_SPIKE", "0.1")
+QUALITY_PAGES_PER_ITEM_RISE = _env("QUALITY_PAGES_PER_ITEM_RISE", "0.5")
+QUALITY_RESPONSES_RISE = _env("QUALITY_RESPONSES_RISE", "0.05")
+QUALITY_PRICE_SHIFT = _env("QUALITY_PRICE_SHIFT", "0.25")
+# For CI and schedulers: `scrapy crawl` exits with status 3 when its run is degraded.
+QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "false")
+
 EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
     "scraper.monitoring.exporter.MetricsExporter": 200,
     "scraper.extensions.summary.CrawlSummary": 900,
     "scraper.runs.recorder.RunRecorder": 150,
+    # After RunRecorder: a run's data quality is checked once its figures are final.
+    "scraper.quality.monitor.QualityMonitor": 160,
     "scraper.extensions.progress.ProgressLog": 500,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,

@@ -37,6 +37,8 @@ ALERT_NAMES = {
     "ScraperStorageWriteFailures",
     "ScraperStorageBehind",
     "ScraperDeadLetters",
+    "ScraperFieldCoverageLow",
+    "ScraperLastRunDegraded",
 }
 
 # What every crawl process exports, by type.
@@ -56,6 +58,8 @@ GAUGES = {
     "scraper_last_response_timestamp_seconds",
     "scraper_run_info", "scraper_run_started_timestamp_seconds", "scraper_run_nodes", "scraper_run_pages",
     "scraper_run_items", "scraper_run_dead_letters", "scraper_run_api_credits", "scraper_run_redeliveries",
+    "scraper_field_coverage", "scraper_field_coverage_expected", "scraper_field_coverage_items",
+    "scraper_quality_baseline_items", "scraper_quality_last_run_degraded", "scraper_quality_last_run_failed_checks",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}
 SUMMARIES = {"scraper_storage_flush_seconds"}
@@ -65,7 +69,8 @@ SERIES_NAMES = (
     | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
     | {m + s for m in SUMMARIES for s in ("_sum", "_count")}
 )
-LABELS = {"spider", "status_class", "domain", "kind", "reason", "outcome", "le", "job", "instance", "run", "state"}
+LABELS = {"spider", "status_class", "domain", "kind", "reason", "outcome", "le", "job", "instance", "run", "state",
+          "item_type", "field"}
 
 # The series each layer's row must show.
 LAYERS = {
@@ -82,6 +87,8 @@ LAYERS = {
         "scraper_items_dropped_total", "scraper_pipeline_seconds_bucket",
     },
     "Runs": {"scraper_run_info", "scraper_run_nodes", "scraper_run_pages", "scraper_run_items"},
+    "Data quality": {"scraper_field_coverage", "scraper_field_coverage_expected", "scraper_quality_baseline_items",
+                     "scraper_quality_last_run_degraded"},
     "Storage": {
         "scraper_storage_rows_written_total", "scraper_storage_flush_seconds_sum",
         "scraper_storage_flush_seconds_count", "scraper_storage_write_failures_total",

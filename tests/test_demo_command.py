@@ -36,4 +36,4 @@ def test_demo_crawls_the_shop_then_finds_it_unchanged(clean) -> None:
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     assert "fetched through the scraping-API stand-in" in fourth.stdout
     assert f"{valid} items stored (0 new, 0 updated, {valid} unchanged)" in fourth.stdout, fourth.stdout
-    assert re.search(r"demo: [1-9]\d* scraping-API credits spent", fourth.stdout)
+    assert re.search(r"demo: [1-9]\d* microcents spent through the scraping-API stand-in", fourth.stdout)

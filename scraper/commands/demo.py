@@ -23,6 +23,24 @@ from ..extensions.summary import summarize
 from ..scraping_api.standin import StandIn
 
 
+def quality_report(database_url: str, run_id: int | None) -> None:
+    """End with the run's data-quality report, the point of ``--break-layout``."""
+    from ..quality import report, store
+
+    if not run_id:
+        return
+    conn = store.connect(database_url)
+    try:
+        found = store.report(conn, "demo", run_id)
+    finally:
+        conn.close()
+    if found is not None:
+        row, checks = found
+        text = report.render("demo", run_id, row["outcome"], row["baseline"], checks)
+        # A good run's report is one line; a degraded one's names every failed check.
+        print("\ndemo: " + (text if row["outcome"] == "degraded" else text.splitlines()[0]))
+
+
 class Command(ScrapyCommand):
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"SHARED_STATE": True}  # a real crawl, end to end
@@ -39,6 +57,10 @@ class Command(ScrapyCommand):
         )
         parser.add_argument("--reprice", type=int, default=0, help="change the price of N products")
         parser.add_argument(
+            "--break-layout", type=float, nargs="?", const=0.5, default=0.0, metavar="SHARE",
+            help="serve a share of product pages (0.5) in a layout the spider does not know: the data-quality drill",
+        )
+        parser.add_argument(
             "--api", action="store_true",
             help="fetch every page through the local scraping-API stand-in (AlterLab's wire contract)",
         )
@@ -47,9 +69,9 @@ class Command(ScrapyCommand):
         assert self.crawler_process
         catalog = Catalog(products=opts.products, reprice=opts.reprice)
         try:
-            site = DemoSite(catalog, port=opts.port).start()
+            site = DemoSite(catalog, port=opts.port, break_layout=opts.break_layout).start()
         except OSError as exc:
-            site = DemoSite(catalog, port=0).start()
+            site = DemoSite(catalog, port=0, break_layout=opts.break_layout).start()
             print(
                 f"demo: port {opts.port} is busy ({exc.strerror}); serving on {site.port} instead. "
                 "Product URLs include the port, so rows from earlier runs will count as updated.",
@@ -112,3 +134,4 @@ class Command(ScrapyCommand):
         # Commands that still work once this process (and the embedded servers with it) is gone.
         print('demo: look inside with: .venv/bin/scrapy dbshell -c "SELECT sku, title, price FROM products LIMIT 5"')
         print("demo: export with: .venv/bin/scrapy export products -o products.csv (or .jsonl, .json; --since 1h)")
+        quality_report(found.database_url, stats.get("run/id"))

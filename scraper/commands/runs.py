@@ -3,7 +3,8 @@
 Rows come from the ``crawl_runs`` table; the current run of each spider is completed from
 Redis (its state as the fleet sees it now, and its figures summed over its nodes), so a run in
 progress shows its live numbers. ``--json`` prints one object per run, ``--limit`` the number
-of runs per spider (20).
+of runs per spider (20). The ``quality`` column is the outcome of a finished run's data-quality
+checks (``ok``, ``degraded``); ``scrapy runs SPIDER --report RUN`` prints that run's report.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ from argparse import ArgumentParser, Namespace
 from typing import Any
 
 from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
 
 from . import backends_or_report
 from ..config import get_float
 from ..queue import keys
 from ..queue.nodes import NodeRegistry
 from ..redis_client import get_redis
+from ..quality import report as quality_report
+from ..quality import store as quality_store
 from ..runs import record
 from ..runs.state import summed_figures
 
 SHOWN = [("run", "run_id"), ("state", "state"), ("started", "started"), ("took", "took"), ("nodes", "nodes_seen"),
          ("pages", "pages"), ("new", "items_new"), ("updated", "items_updated"), ("same", "items_unchanged"),
          ("rejected", "items_rejected"), ("dupes", "duplicates"), ("dead", "dead_letters"),
-         ("credits", "api_credits"), ("redeliv", "redeliveries")]
+         ("credits", "api_credits"), ("redeliv", "redeliveries"), ("quality", "quality")]
 
 
 def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | None:
@@ -86,6 +90,7 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--json", action="store_true", help="one JSON object per run")
         parser.add_argument("--limit", type=int, default=20, help="runs per spider (20)")
+        parser.add_argument("--report", type=int, metavar="RUN", help="print the data-quality report of run RUN")
 
     def run(self, args: list[str], opts: Namespace) -> None:
         found = backends_or_report(self)
@@ -93,12 +98,18 @@ class Command(ScrapyCommand):
             return
         from scrapy.spiderloader import get_spider_loader
 
+        if opts.report is not None:
+            self._report(found.database_url, args, opts.report)
+            return
         server = get_redis(found.redis_url)
         spiders = args or sorted(get_spider_loader(self.settings).list())
         conn = record.connect(found.database_url)
         try:
             rows = merged_runs(server, conn, spiders, get_float(self.settings, "RUNS_NODE_TTL", 60.0, minimum=1),
                                max(1, opts.limit))
+            outcomes = {spider: quality_store.outcomes(conn, spider) for spider in spiders}
+            for row in rows:
+                row["quality"] = outcomes[row["spider"]].get(row["run_id"], "")
         finally:
             conn.close()
         if opts.json:
@@ -123,3 +134,19 @@ class Command(ScrapyCommand):
                 cells.append(f"{value!s:>13}" if column == "started" else f"{value!s:>10}")
             print(f"{row['spider']:14}" + "".join(cells) + f"  {row.get('finish_reason') or ''}")
         sys.stdout.flush()
+
+    def _report(self, database_url: str, spiders: list[str], run_id: int) -> None:
+        if len(spiders) != 1:
+            raise UsageError("--report needs one spider: scrapy runs SPIDER --report RUN")
+        conn = quality_store.connect(database_url)
+        try:
+            found = quality_store.report(conn, spiders[0], run_id)
+        finally:
+            conn.close()
+        if found is None:
+            print(f"run {run_id} of {spiders[0]} has no data-quality report: it has not finished, "
+                  "or it ended early (stopped, discarded), and such runs are not checked", file=sys.stderr)
+            self.exitcode = 1
+            return
+        row, checks = found
+        print(quality_report.render(spiders[0], run_id, row["outcome"], row["baseline"], checks))

@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--delay-ms", type=int, default=0, help="extra latency per page, in ms"
     )
+    parser.add_argument(
+        "--break-layout", type=float, nargs="?", const=0.5, default=0.0, metavar="SHARE",
+        help="serve a share of product pages (0.5) in a new layout the demo spider does not know",
+    )
     return parser
 
 
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
 
-    site = DemoSite(catalog, host=args.host, port=args.port, delay_ms=args.delay_ms)
+    site = DemoSite(catalog, host=args.host, port=args.port, delay_ms=args.delay_ms, break_layout=args.break_layout)
     try:
         site.start()
     except OSError as exc:

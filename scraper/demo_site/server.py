@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
 
-from . import pages
+from . import layout, pages
 from .catalog import Catalog
 from .pages import Page
 from .sections import SECTIONS, render_section, section_route
@@ -89,8 +89,9 @@ class _Renderer:
     of old and new pages and the cache never needs invalidating.
     """
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, break_layout: float = 0.0) -> None:
         self.catalog = catalog
+        self.break_layout = break_layout
         self._cache: dict[_RouteKey, Page] = {}
 
     def page(self, path: str, query: str) -> Page:
@@ -117,7 +118,7 @@ class _Renderer:
         if kind == "product":
             product = self.catalog.product(key[1])
             assert product is not None
-            return pages.render_product(self.catalog, product)
+            return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout)
         if kind == "section":
             return render_section(self.catalog, key[1], key[2])
         if kind == "redirect":
@@ -142,11 +143,13 @@ class DemoSite:
         host: str = "127.0.0.1",
         port: int = 0,
         delay_ms: int = 0,
+        break_layout: float = 0.0,
     ) -> None:
         self.host = host
         self.delay = max(0, delay_ms) / 1000
         self._requested_port = port
-        self._renderer = _Renderer(catalog)
+        # The share of product pages in a new layout (see layout.py); 0 serves the shop as is.
+        self._renderer = _Renderer(catalog, break_layout)
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
         # When requests arrived (time.monotonic) and how many were served at once: what a
@@ -223,7 +226,7 @@ class DemoSite:
         with self._lock:
             current = self._renderer.catalog
             if count != current.reprice:
-                self._renderer = _Renderer(current.with_reprice(count))
+                self._renderer = _Renderer(current.with_reprice(count), self._renderer.break_layout)
             return list(self._renderer.catalog.repriced_ids)
 
     def remove(self, count: int) -> list[int]:
@@ -234,8 +237,13 @@ class DemoSite:
             base = current.with_removed(())
             ids = tuple(p.id for p in base.valid_products() if p.kind is None)[:count]
             if ids != current.removed:
-                self._renderer = _Renderer(current.with_removed(ids))
+                self._renderer = _Renderer(current.with_removed(ids), self._renderer.break_layout)
             return list(ids)
+
+    def break_layout(self, share: float) -> None:
+        """From now on serve *share* of the product pages in the new layout (see layout.py)."""
+        with self._lock:
+            self._renderer = _Renderer(self._renderer.catalog, share)
 
     def record(self, target: str) -> None:
         with self._lock:

@@ -43,6 +43,7 @@ from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
 from ..redis_client import get_redis
+from ..quality.metrics import QualityCollector
 from ..runs.metrics import RunCollector
 from .collector import CrawlCollector, queue_reader
 
@@ -76,6 +77,7 @@ class MetricsExporter:
         self.collector = CrawlCollector(crawler, queue_reader(crawler, get_redis(settings["REDIS_URL"])))
         self.registry.register(self.collector)
         self.registry.register(RunCollector(crawler, get_redis(settings["REDIS_URL"])))
+        self.registry.register(QualityCollector(crawler, get_redis(settings["REDIS_URL"])))
         ProcessCollector(registry=self.registry)
         self.latency = Histogram(
             "scraper_download_latency_seconds", "Time to download a page.", ["spider", "domain"],

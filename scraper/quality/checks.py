@@ -1,0 +1,203 @@
+"""The checks of a finished run against the spider's last finished runs (its baseline).
+
+Pure functions over figures (a run's summed quality figures, see :mod:`.monitor` for the
+names), so they are the same whoever runs them. Each check yields one :class:`Check`: passed,
+failed, or skipped with the reason (no baseline, no data, too few items) rather than passed
+silently. Baselines take the median of the last runs, so one odd run does not move them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import mean, median
+from typing import Iterable
+
+from . import coverage, prices
+from .settings import QualitySettings
+
+NO_BASELINE = "skipped: no finished run to compare with"
+
+
+@dataclass
+class Check:
+    check: str
+    subject: str
+    expected: str
+    observed: str
+    passed: bool | None  # None: skipped, see note
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        return "skipped" if self.passed is None else "passed" if self.passed else "failed"
+
+
+@dataclass
+class ItemExpectations:
+    """What a run's items of one type must show: declared shares and required fields."""
+
+    fields: list[str]
+    required: list[str]
+    declared: dict[str, float]
+
+
+Figures = dict[str, float]
+
+
+def stored(f: Figures) -> float:
+    return f.get("items/stored", 0.0)
+
+
+def _ratio(x: float, y: float) -> float:
+    return x / y if y > 0 else 0.0
+
+
+def _skip(check: str, subject: str, note: str) -> Check:
+    return Check(check, subject, "", "", None, note)
+
+
+def check_coverage(current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations],
+                   conf: QualitySettings) -> Iterable[Check]:
+    counts = coverage.item_counts(current)
+    for item_type, expect in sorted(expectations.items()):
+        items = counts.get(item_type, 0.0)
+        if items <= 0:
+            continue  # nothing of this type stored: the items check speaks for it
+        now = coverage.ratios(current, {item_type: expect.fields})
+        before = [coverage.ratios(f, {item_type: expect.fields}) for f in baseline
+                  if coverage.item_counts(f).get(item_type, 0) > 0]
+        for field in expect.fields:
+            subject = f"{item_type}.{field}"
+            observed = now[(item_type, field)]
+            if field in expect.declared:
+                wanted, note = expect.declared[field], "declared"
+            elif field in expect.required:
+                wanted, note = 1.0, "required"
+            elif before:
+                average = mean(r[(item_type, field)] for r in before)
+                wanted = max(0.0, average - conf.coverage_tolerance)
+                note = f"average {average:.2f} of {len(before)} run(s) - {conf.coverage_tolerance:g}"
+            else:
+                yield Check("coverage", subject, "", f"{observed:.2f}", None, NO_BASELINE)
+                continue
+            if items < conf.min_items:
+                yield Check("coverage", subject, f">= {wanted:.2f}", f"{observed:.2f}", None,
+                            f"skipped: {items:.0f} items, fewer than QUALITY_MIN_ITEMS={conf.min_items}")
+                continue
+            yield Check("coverage", subject, f">= {wanted:.2f}", f"{observed:.2f}", observed >= wanted - 1e-9, note)
+
+
+def _reject_fields(f: Figures) -> set[str]:
+    return {k.split("/", 1)[1] for k in f if k.startswith("rejects/")}
+
+
+def _reject_share(f: Figures, field: str) -> float:
+    return _ratio(f.get(f"rejects/{field}", 0.0), stored(f) + f.get("items/rejected", 0.0))
+
+
+def check_items(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    if not baseline:
+        yield _skip("items_stored", "", NO_BASELINE)
+        return
+    base = median(stored(f) for f in baseline)
+    wanted = base * (1 - conf.items_drop)
+    observed = stored(current)
+    rose = sorted(
+        ((current.get(f"rejects/{field}", 0.0) - median(b.get(f"rejects/{field}", 0.0) for b in baseline), field)
+         for field in _reject_fields(current)),
+        reverse=True,
+    )
+    why = ", ".join(f"{field} +{delta:.0f}" for delta, field in rose if delta > 0)
+    note = f"median of {len(baseline)} run(s): {base:.0f}" + (f"; more rejects for {why}" if why else "")
+    yield Check("items_stored", "", f">= {wanted:.0f}", f"{observed:.0f}", observed >= wanted, note)
+
+
+def check_rejects(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    if not baseline:
+        yield _skip("rejects", "", NO_BASELINE)
+        return
+    for field in sorted(_reject_fields(current) | set().union(*(_reject_fields(f) for f in baseline))):
+        base = median(_reject_share(f, field) for f in baseline)
+        observed = _reject_share(current, field)
+        yield Check("rejects", field, f"<= {base + conf.rejects_rise:.1%}", f"{observed:.1%}",
+                    observed <= base + conf.rejects_rise + 1e-9, f"share of items; median {base:.1%}")
+
+
+def check_gone(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    if "gone" not in current:
+        yield _skip("gone", "", "skipped: no data (no gone figure recorded for this run)")
+        return
+    if not baseline or median(stored(f) for f in baseline) <= 0:
+        yield _skip("gone", "", NO_BASELINE)
+        return
+    base = median(stored(f) for f in baseline)
+    share = current["gone"] / base
+    yield Check("gone", "", f"<= {conf.gone_spike:.1%}", f"{share:.1%}", share <= conf.gone_spike + 1e-9,
+                f"{current['gone']:.0f} rows gone of the baseline's {base:.0f}")
+
+
+def _pages_per_item(f: Figures) -> float:
+    return f.get("pages", 0.0) / stored(f) if stored(f) > 0 else float("inf")
+
+
+def check_pages_per_item(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    usable = [f for f in baseline if stored(f) > 0]
+    if not usable:
+        yield _skip("pages_per_item", "", NO_BASELINE)
+        return
+    base = median(_pages_per_item(f) for f in usable)
+    wanted = base * (1 + conf.pages_per_item_rise)
+    observed = _pages_per_item(current)
+    yield Check("pages_per_item", "", f"<= {wanted:.2f}", f"{observed:.2f}", observed <= wanted + 1e-9,
+                f"median {base:.2f}")
+
+
+def check_responses(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    for kind in ("error", "blocked", "empty"):
+        name = f"{kind}_responses"
+        if not baseline:
+            yield _skip(name, "", NO_BASELINE)
+            continue
+        share = lambda f: _ratio(f.get(f"responses/{kind}", 0.0), f.get("responses/total", 0.0))  # noqa: E731
+        base = median(share(f) for f in baseline)
+        observed = share(current)
+        yield Check(name, "", f"<= {base + conf.responses_rise:.1%}", f"{observed:.1%}",
+                    observed <= base + conf.responses_rise + 1e-9, f"share of responses; median {base:.1%}")
+
+
+def check_prices(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+    before = [prices.medians(f) for f in baseline]
+    for currency, (value, count) in sorted(prices.medians(current).items()):
+        if count < conf.min_items:
+            yield _skip("price_median", currency,
+                        f"skipped: {count} prices, fewer than QUALITY_MIN_ITEMS={conf.min_items}")
+            continue
+        known = [m[currency][0] for m in before if currency in m]
+        if not known:
+            yield _skip("price_median", currency, NO_BASELINE)
+            continue
+        base = median(known)
+        if base <= 0:
+            yield _skip("price_median", currency, "skipped: the baseline's median is 0")
+            continue
+        shift = abs(value - base) / base
+        yield Check("price_median", currency, f"{base:.2f} +/- {conf.price_shift:.0%}", f"{value:.2f}",
+                    shift <= conf.price_shift + 1e-9, f"shift {shift:.0%}")
+
+
+def run_checks(current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations],
+               conf: QualitySettings) -> list[Check]:
+    """Every check of a finished run; *baseline* holds the figures of its last finished runs."""
+    return [
+        *check_items(current, baseline, conf),
+        *check_coverage(current, baseline, expectations, conf),
+        *check_rejects(current, baseline, conf),
+        *check_gone(current, baseline, conf),
+        *check_pages_per_item(current, baseline, conf),
+        *check_responses(current, baseline, conf),
+        *check_prices(current, baseline, conf),
+    ]
+
+
+def outcome(checks: list[Check]) -> str:
+    return "degraded" if any(c.passed is False for c in checks) else "ok"

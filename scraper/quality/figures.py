@@ -1,0 +1,39 @@
+"""A run's quality figures in Redis: each node's last snapshot, summed into the fleet's.
+
+Kept apart from the run's bookkeeping figures (``<spider>:run:<id>:figures``) because they are
+many (a count per field, per price bucket) and of interest only here, but summed the same way:
+each node writes its whole cumulative snapshot under its node id, so a node killed with SIGKILL
+still counts for what it reported last, and a resumed run adds the new nodes to the old ones.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..runs.state import FIGURES_KEEP
+
+
+def quality_key(spider_name: str, run_id: int) -> str:
+    return f"{spider_name}:run:{run_id}:quality"
+
+
+def write(server: Any, spider_name: str, run_id: int, node_id: str, figures: dict[str, float]) -> None:
+    key = quality_key(spider_name, run_id)
+    pipe = server.pipeline(transaction=False)
+    pipe.hset(key, node_id, json.dumps(figures))
+    # Run ids never repeat, so an expiry is all the cleaning these keys need.
+    pipe.expire(key, FIGURES_KEEP)
+    pipe.execute()
+
+
+def summed(server: Any, spider_name: str, run_id: int) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for raw in server.hgetall(quality_key(spider_name, run_id)).values():
+        try:
+            figures = json.loads(raw)
+        except ValueError:
+            continue
+        for name, value in figures.items():
+            totals[name] = totals.get(name, 0.0) + float(value or 0)
+    return totals

@@ -1,0 +1,245 @@
+"""The data-quality extension: count as the run stores, check the run when it finishes.
+
+Per node and in memory: field coverage and prices of the items stored (``item_scraped``, sent
+only once an item's row is committed), and how responses went (``response_received``: errors,
+blocks, empty bodies). Every ``RUNS_REPORT_INTERVAL`` seconds and at close the node writes its
+snapshot to the run's quality figures in Redis (:mod:`.figures`), with its rejects per field,
+pages and stored items.
+
+The node that finishes the run (the last one out, its queue empty, see
+:mod:`scraper.runs.state`) sums every node's figures and runs the checks against the spider's
+last ``QUALITY_BASELINE_RUNS`` checked runs, logs the report, writes it to Postgres and marks
+the run ``degraded`` if a check failed. A run that stopped (Ctrl-C, a close reason other than
+``finished``) is not checked and so never becomes a baseline; a stopped run that is resumed
+is checked when it finishes. With ``QUALITY_FAIL_EXIT`` a degraded run makes ``scrapy crawl``
+exit with status 3 (the stat ``quality/exit_status``).
+
+Nodes that leave together: the last one out may check before another's final report lands in
+Redis; that node's figures then count as of its previous report (``RUNS_REPORT_INTERVAL``), as
+for the run's own figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from statistics import mean, median
+from typing import Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from ..config import get_float
+from ..items.base import StoredItem, stored_item_types
+from . import coverage as coverage_figures
+from . import figures as run_figures
+from . import report, store
+from .checks import ItemExpectations, outcome, run_checks
+from .coverage import CoverageCounter
+from .prices import PriceHistogram
+from .settings import QualitySettings, check_declared_coverage, declared_coverage, read_settings
+
+logger = logging.getLogger(__name__)
+
+EXIT_STATUS = 3
+BLOCKED_STATUSES = (403, 429)
+
+
+class QualityMonitor:
+    def __init__(self, crawler: Any, conf: QualitySettings, interval: float) -> None:
+        self.crawler = crawler
+        self.conf = conf
+        self.interval = interval
+        self.coverage = CoverageCounter()
+        self.prices = PriceHistogram()
+        self.responses: Counter[str] = Counter()
+        self.baseline: list[tuple[int, dict[str, float]]] = []
+        #: The last checked run of the spider: (run id, outcome, failed checks), for the metrics.
+        self.last: tuple[int, str, int] | None = None
+        self._loop: Any = None
+        crawler._quality_monitor = self  # found by the metrics collector
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "QualityMonitor":
+        conf = read_settings(crawler.settings)
+        if not conf.enabled or not crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler"):
+            raise NotConfigured  # no shared scheduler, no run to judge
+        check_declared_coverage(crawler.spidercls)  # a typo in `coverage` fails before any fetch
+        ext = cls(crawler, conf, get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1))
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        return ext
+
+    # --- counting ----------------------------------------------------------------------------
+
+    def item_scraped(self, item: Any) -> None:
+        if isinstance(item, StoredItem):
+            self.coverage.add(item)
+            self.prices.add(item)
+
+    def response_received(self, response: Any) -> None:
+        self.responses["total"] += 1
+        if response.status in BLOCKED_STATUSES:
+            self.responses["blocked"] += 1
+        elif response.status >= 400:
+            self.responses["error"] += 1
+        elif response.status == 200 and not response.body:
+            self.responses["empty"] += 1
+
+    def snapshot(self) -> dict[str, float]:
+        """This node's figures for the run, cumulative."""
+        stats = self.crawler.stats.get_stats()
+        get = lambda key: float(stats.get(key, 0) or 0)  # noqa: E731
+        exceptions = get("downloader/exception_count")
+        figures = {
+            **self.coverage.figures(), **self.prices.figures(),
+            "items/stored": get("postgres/inserted") + get("postgres/updated") + get("postgres/unchanged"),
+            "items/rejected": get("item_rejected_count"),
+            "pages": get("response_received_count"),
+            "responses/total": self.responses["total"] + exceptions,
+            "responses/error": self.responses["error"] + exceptions,
+            "responses/blocked": self.responses["blocked"] + get("scraping_api/blocked_retries"),
+            "responses/empty": float(self.responses["empty"]),
+        }
+        for key, value in stats.items():
+            if key.startswith("item_rejected_reasons/"):
+                figures[f"rejects/{key.split('/', 1)[1]}"] = float(value)
+        if "items/gone" in stats:  # rows the last node out marked gone (scraper.storage.gone)
+            figures["gone"] = get("items/gone")
+        return figures
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def _scheduler(self) -> Any:
+        slot = getattr(self.crawler.engine, "_slot", None)
+        scheduler = getattr(slot, "scheduler", None)
+        return scheduler if getattr(getattr(scheduler, "run", None), "run_id", 0) else None
+
+    def run_id(self) -> int:
+        scheduler = self._scheduler()
+        return scheduler.run.run_id if scheduler is not None else 0
+
+    def spider_opened(self, spider: Any) -> None:
+        from twisted.internet import task
+
+        run_id = self.run_id()
+        if not run_id:
+            return
+        dsn = self.crawler.settings.get("DATABASE_URL")
+        try:
+            conn = store.connect(dsn)
+            try:
+                self.baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
+                self.last = store.last_outcome(conn, spider.name, run_id)
+            finally:
+                conn.close()
+        except Exception as exc:  # the expectations in the metrics wait; the crawl does not
+            logger.warning("Could not read the quality record of earlier runs of %s: %s", spider.name, exc)
+        self._loop = task.LoopingCall(self.report)
+        self._loop.start(self.interval, now=False)
+
+    def report(self) -> None:
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return
+        try:
+            run_figures.write(scheduler.server, self.crawler.spider.name, scheduler.run.run_id,
+                              scheduler.nodes.node_id, self.snapshot())
+        except Exception as exc:
+            logger.warning("Could not report this node's quality figures for the run: %s", exc)
+
+    def spider_closed(self, spider: Any, reason: str) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return
+        self.report()
+        run_id, ended = scheduler.run.run_id, getattr(scheduler, "run_outcome", "")
+        if ended == "stopped":
+            logger.info("Data quality of run %d of %s: not checked yet (stopped); checked when it finishes",
+                        run_id, spider.name)
+            return
+        if ended != "finished":
+            return  # other nodes go on; the last one out checks the run
+        if reason != "finished":
+            logger.info("Data quality of run %d of %s: not checked (it ended with %r), and never a baseline",
+                        run_id, spider.name, reason)
+            return
+        try:
+            self.check(spider, scheduler, run_id)
+        except Exception as exc:
+            logger.error("Could not check the data quality of run %d of %s: %s", run_id, spider.name, exc)
+
+    def check(self, spider: Any, scheduler: Any, run_id: int) -> None:
+        current = run_figures.summed(scheduler.server, spider.name, run_id)
+        conn = store.connect(self.crawler.settings.get("DATABASE_URL"))
+        try:
+            gone = store.gone_column(conn, spider.name, run_id)
+            if gone is not None:
+                current["gone"] = gone
+            baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
+            checks = run_checks(current, [f for _, f in baseline], expectations(spider, current, baseline), self.conf)
+            result = outcome(checks)
+            store.save(conn, spider.name, run_id, result, [r for r, _ in baseline], current, checks)
+        finally:
+            conn.close()
+        failed = sum(c.passed is False for c in checks)
+        self.last = (run_id, result, failed)
+        stats = self.crawler.stats
+        stats.set_value("quality/outcome", result)
+        stats.set_value("quality/failed_checks", failed)
+        if result == "degraded" and self.conf.fail_exit:
+            stats.set_value("quality/exit_status", EXIT_STATUS)
+        text = report.render(spider.name, run_id, result, [r for r, _ in baseline], checks)
+        (logger.warning if result == "degraded" else logger.info)("%s", text)
+
+    # --- what the metrics show ---------------------------------------------------------------
+
+    def expected_coverage(self) -> dict[tuple[str, str], float]:
+        """(item type, field) -> the coverage the current run is expected to reach."""
+        spider = getattr(self.crawler, "spider", None)
+        if spider is None:
+            return {}
+        current = {f"{coverage_figures.PREFIX}{t}/items": 1.0 for t in self._types_seen()}
+        out: dict[tuple[str, str], float] = {}
+        for item_type, expect in expectations(spider, current, self.baseline).items():
+            before = [coverage_figures.ratios(f, {item_type: expect.fields}) for _, f in self.baseline
+                      if coverage_figures.item_counts(f).get(item_type, 0) > 0]
+            for field in expect.fields:
+                if field in expect.declared:
+                    out[(item_type, field)] = expect.declared[field]
+                elif field in expect.required:
+                    out[(item_type, field)] = 1.0
+                elif before:
+                    average = mean(r[(item_type, field)] for r in before)
+                    out[(item_type, field)] = max(0.0, average - self.conf.coverage_tolerance)
+        return out
+
+    def _types_seen(self) -> set[str]:
+        return {k[len(coverage_figures.PREFIX):-len("/items")] for k in self.coverage.counts if k.endswith("/items")}
+
+    def baseline_items(self) -> float | None:
+        return median(f.get("items/stored", 0.0) for _, f in self.baseline) if self.baseline else None
+
+
+def expectations(spider: Any, current: dict[str, float],
+                 baseline: list[tuple[int, dict[str, float]]]) -> dict[str, ItemExpectations]:
+    """What each item type the run (or its baseline) stored is expected to show."""
+    types = {t.__name__: t for t in stored_item_types()}
+    names = set(coverage_figures.item_counts(current))
+    for _, f in baseline:
+        names |= set(coverage_figures.item_counts(f))
+    out: dict[str, ItemExpectations] = {}
+    for name in names:
+        cls = types.get(name)
+        if cls is None:  # a type this code no longer has: judge the fields it had
+            seen = coverage_figures.fields_seen(current).get(name, set())
+            out[name] = ItemExpectations(sorted(seen), [], {})
+            continue
+        fields = list(cls.columns())
+        out[name] = ItemExpectations(fields, [f for f in fields if cls.fields[f].get("required")],
+                                     declared_coverage(spider, cls))
+    return out
