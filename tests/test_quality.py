@@ -55,12 +55,12 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert "Data quality of run 2 of demo: OK (0 of" in second and "compared with run 1)" in second
         got = checks(clean.query, 2)
         assert not [k for k, (passed, _) in got.items() if passed is False], got
-        # Every run-over-run figure was compared, not skipped; gone has no source in this tree.
-        for check in ("items_stored", "pages_per_item", "error_responses", "blocked_responses", "empty_responses"):
+        # Every run-over-run figure was compared, not skipped.
+        for check in ("items_stored", "pages_per_item", "error_responses", "blocked_responses", "empty_responses",
+                      "gone"):
             assert got[(check, "")][0] is True, (check, got)
         assert got[("coverage", "ProductItem.brand")][0] is True and got[("rejects", "price")][0] is True
         assert got[("price_median", "USD")][0] is True
-        assert got[("gone", "")] == (None, "skipped: no data (no gone figure recorded for this run)")
 
         # The shop redesigns half its product pages: prices and brands move to new classes.
         site.break_layout(0.5)
@@ -69,6 +69,8 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         got = checks(clean.query, 3)
         failed = {k for k, (passed, _) in got.items() if passed is False}
         assert {("items_stored", ""), ("coverage", "ProductItem.brand"), ("rejects", "price")} <= failed, got
+        # The rows whose pages no longer yield an item were not seen: marked gone, all at once.
+        assert ("gone", "") in failed, got
         assert "more rejects for price +" in got[("items_stored", "")][1]
         # What the new layout did not touch still passes.
         assert got[("coverage", "ProductItem.title")][0] is True
