@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -24,6 +26,19 @@ from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import COUNTRY_HEADER, StandIn
 
 KEY = "canary-contract-8d2e6a1f9b"
+
+
+@contextmanager
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local site answering with *handler*, served from a thread; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
@@ -167,14 +182,8 @@ class _Cp1252(BaseHTTPRequestHandler):
 def cp1252_shop():
     site = DemoSite(Catalog(products=40))
     handler = type("Cp1252Shop", (_Cp1252,), {"site": site, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(handler) as url:
+        yield url, handler
 
 
 def rows(services: Services) -> list[tuple]:
@@ -249,11 +258,7 @@ def test_text_the_api_garbled_is_counted_and_reported(clean, api: StandIn, tmp_p
             self.end_headers()
             self.wfile.write(raw)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Mislabelled)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        site = f"http://127.0.0.1:{server.server_address[1]}/"
+    with serve(Mislabelled) as site:
         project = project_with_spider(tmp_path, "one", f'''
 import scrapy
 
@@ -269,9 +274,6 @@ class One(scrapy.Spider):
         env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false",
                         PYTHONPATH=str(project))
         result = run_scrapy(env, "crawl", "one", cwd=project)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'scraping_api/damaged_text': 1" in result.stderr
     assert "replacement characters (U+FFFD)" in result.stderr
@@ -296,11 +298,8 @@ def test_geo_cookies_and_content_type_reach_the_target(clean, api: StandIn, tmp_
             self.end_headers()
             self.wfile.write(b"ok")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        site = f"http://127.0.0.1:{server.server_address[1]}/form"
+    with serve(Echo) as site:
+        site += "form"
         project = project_with_spider(tmp_path, "form", f'''
 import scrapy
 
@@ -319,9 +318,6 @@ class Form(scrapy.Spider):
         env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false",
                         PYTHONPATH=str(project))
         result = run_scrapy(env, "crawl", "form", cwd=project)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(seen) == 1, seen
     got = seen[0]
