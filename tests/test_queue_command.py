@@ -31,4 +31,4 @@ def test_queue_command_table_for_an_idle_spider(clean) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0].split()[:4] == ["spider", "queued", "oldest", "nodes"]
-    assert {line.split()[0] for line in lines[1:]} == {"demo", "schema_org"}
+    assert {line.split()[0] for line in lines[1:]} == {"api_extract", "demo", "schema_org"}

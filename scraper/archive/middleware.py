@@ -70,7 +70,7 @@ class ArchiveMiddleware:
     def from_crawler(cls, crawler: Any) -> "ArchiveMiddleware":
         config = read_config(crawler.settings)
         if not config.enabled or crawler.settings.getbool("ARCHIVE_REPLAY"):
-            raise NotConfigured("archive off")
+            raise NotConfigured  # off by default: no "Disabled" warning on every crawl
         store = store_for(config.url, str(crawler.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
         writer = ArchiveWriter(store, crawler.settings["DATABASE_URL"], config.retention_days, config.file_size,
                                config.file_age, stats=crawler.stats)

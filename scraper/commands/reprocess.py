@@ -32,6 +32,9 @@ from ..redis_client import get_redis
 
 REPLAY_SETTINGS = {
     "ARCHIVE_REPLAY": True,
+    # The item pipelines store (the point of a replay), so the process counts as one that
+    # writes shared state; the scheduler and dupefilter below stay in memory all the same.
+    "SHARED_STATE": True,
     # An in-memory scheduler: a replay takes nothing from, and adds nothing to, the shared queue.
     "SCHEDULER": "scrapy.core.scheduler.Scheduler",
     "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
