@@ -1,35 +1,35 @@
 """Benchmarks, in one run, as ratios: `make bench` (or `.venv/bin/python bench/run.py`).
 
-1. Crawl throughput on the demo shop (>= 5,000 pages), the same spider both times:
-   (a) plain Scrapy: memory scheduler, no item pipelines (items dropped);
-   (b) the whole pipeline: shared Redis scheduler + clean/validate/dedupe/store into Postgres.
-   Prints pages/s, CPU per page and peak memory of each, and the ratio (b)/(a).
-2. Scaling out through the scraping API: the demo shop crawled through the local API stand-in
-   with 200 ms added per page, by 1, 2 and 4 worker processes sharing one queue; pages/s and the
-   ratio to one process.
-   The pipeline is also run with at-least-once delivery off (``SCHEDULER_LEASE_TIMEOUT=0``):
-   the cost of leases is the ratio of the two.
-2a. The scraping-API path's own cost: the same shop (0 ms per page) crawled through the whole
-   pipeline directly and through the local stand-in (0 ms added); CPU ms per page of the crawler
-   process (the stand-in's own CPU is not counted) and the difference.
-2b. Redelivery: a worker holding leases is SIGKILLed; a fresh worker starts at once. Prints how
-   long until the first of the dead worker's requests is back in the queue and until all of them
-   have been fetched again (bounded by the lease timeout plus one reaping tick).
-3. Upsert throughput on the same Postgres, against two baselines: a plain COPY into an indexed
-   table (the bulk-load limit) and the textbook bulk upsert (COPY everything into a staging
-   table, one ``INSERT … SELECT … ON CONFLICT DO UPDATE``). Ours runs in batches as the crawl
-   does, with the content-hash skip; it is measured on new rows and on the same rows again.
+Each figure is printed and written to ``bench/results.json`` (name, value, unit and the
+comparison it belongs to), so that successive runs can be compared.
 
-4. The dupefilter's memory per URL, set vs Bloom filter, for ``--dupefilter-urls`` (1M) URLs
-   (see ``bench/dupefilter_memory.py``).
+* api-overhead: the scraping-API path's own CPU per page (the demo shop through the local
+  stand-in at 0 ms vs directly).
+* P1: the demo shop (5,000 products) crawled by plain Scrapy (memory scheduler, no item
+  pipelines), by the whole pipeline without leases, and by the whole pipeline (leases and
+  metrics on), with pages served instantly (CPU-bound) and at 100 ms per page; pages/s, CPU per
+  page of the crawler alone and of the crawler plus Redis plus the Postgres backends it used
+  (from /proc), peak RSS; ``--repeat`` times, to show the noise.
+* redelivery: a worker with ``CONCURRENT_REQUESTS=8`` is SIGKILLed in a 300-product crawl at
+  100 ms per page and another started: how many leases it held, how soon they came back, and
+  how many pages were fetched twice by the end; with the lease cap and without.
+* P3: scale-out that measures coordination: 1, 4 and 8 workers each at
+  ``CONCURRENT_REQUESTS=4`` against the site at 200 ms per page, directly and through the
+  stand-in; the steady rate once every worker has joined, and the CPU used meanwhile.
+* P5: Redis bytes per queued and per leased request; a ``PRODUCTS`` (100,000) product crawl
+  with the crawler's RSS every 10 s, and its growth after the first 10k pages.
+* upsert: our batched upsert against a plain COPY and the one-statement bulk upsert.
+* dupefilter: Redis memory per URL, set vs Bloom filter (see ``bench/dupefilter_memory.py``).
 
-Uses REDIS_URL / DATABASE_URL when set, the embedded servers otherwise. It writes only to
-Redis database 7 and a Postgres database ``scraper_bench``, which it recreates.
+Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
+crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
+embedded one, in a database ``scraper_bench`` that it recreates. ``--only`` runs some parts.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import signal
@@ -42,9 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +57,8 @@ from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
 from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
+from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
+from results import Results  # noqa: E402
 
 BENCH_DB = "scraper_bench"
 
@@ -84,6 +86,12 @@ def start_site(products: int, delay_ms: int = 0) -> tuple[subprocess.Popen, str]
     return proc, match.group(1)
 
 
+def site_pages(url: str) -> int:
+    with urllib.request.urlopen(url + "_admin/catalog", timeout=10) as answer:
+        summary = json.load(answer)
+    return int(summary.get("pages") or summary.get("page_count") or 0)
+
+
 def start_standin(key: str, delay_ms: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
@@ -108,51 +116,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_STAT_TIME = r"'{name}': datetime\.datetime\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)(?:, (\d+))?"
-
-
-def _stat_time(log: str, name: str) -> float:
-    match = re.search(_STAT_TIME.format(name=name), log)
-    parts = [int(p or 0) for p in match.groups()]
-    when = datetime(*parts[:6], parts[6], tzinfo=timezone.utc)
-    return when.timestamp()
-
-
-def api_scaling(products: int, redis_url: str, dsn: str, delay_ms: int = 200) -> list[tuple[int, float, float]]:
-    """(workers, pages, pages/s) crawling through the stand-in with *delay_ms* per page."""
-    site, url = start_site(products)
-    key = "bench-key"
-    api, api_url = start_standin(key, delay_ms)
-    results = []
-    try:
-        for workers in (1, 2, 4):
-            redis.Redis.from_url(redis_url).flushdb()
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
-                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCRAPING_API_KEY": key,
-                   "SCRAPING_API_URL": api_url, "METRICS_ENABLED": "false"}
-            logs = [tempfile.TemporaryFile("w+") for _ in range(workers)]
-            procs = [subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "demo"], cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=log, text=True) for log in logs]
-            texts = []
-            for proc, log in zip(procs, logs):
-                proc.wait()
-                log.seek(0)
-                texts.append(log.read())
-                if proc.returncode != 0:
-                    sys.stderr.write(texts[-1][-3000:])
-                    raise SystemExit("crawl through the API failed")
-            pages = sum(float(re.search(r"'response_received_count': (\d+)", t).group(1)) for t in texts)
-            # From the first worker's start to the last response, less the idle wait at the end.
-            span = max(_stat_time(t, "finish_time") for t in texts) - min(_stat_time(t, "start_time") for t in texts)
-            results.append((workers, pages, pages / max(0.001, span - 3.0)))
-            print(f"  {workers} worker(s): {pages:.0f} pages, {results[-1][2]:.1f} pages/s", flush=True)
-    finally:
-        for proc in (site, api):
-            proc.terminate()
-            proc.wait()
-    return results
-
-
 def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str, float]]:
     """The crawler's CPU per page fetching directly vs through the stand-in, at 0 ms latency."""
     site, url = start_site(products)
@@ -173,42 +136,62 @@ def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str,
             proc.wait()
 
 
-def crawl(env: dict[str, str], extra: list[str]) -> dict[str, float]:
+def crawl(env: dict[str, str], extra: list[str], dsn: str | None = None, redis_server: Any = None,
+          rss_every: float = 0.0, site_url: str | None = None) -> dict[str, Any]:
+    """One crawl as its own process: pages, pages/s, CPU per page of the crawler alone and of
+    the crawler plus the Redis server and the Postgres backends it used (from /proc), peak RSS;
+    with *rss_every*, the crawler's RSS every that many seconds with the pages fetched by then."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    watch = PostgresWatch(dsn) if dsn else None
+    redis_cpu0 = cpu_seconds(redis_pid(redis_server)) if redis_server is not None else None
     started = time.monotonic()
+    samples: list[tuple[float, float, int]] = []
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "scrapy", "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
         )
         peak = 0
-        watched = psutil.Process(proc.pid)
+        next_sample = started + rss_every
         while proc.poll() is None:
-            try:
-                peak = max(peak, watched.memory_info().rss)
-            except psutil.Error:
-                pass
-            time.sleep(0.1)
+            rss = rss_bytes(proc.pid) or 0
+            peak = max(peak, rss)
+            if watch is not None:
+                watch.poll([proc.pid])
+            if rss_every and time.monotonic() >= next_sample and rss:
+                next_sample += rss_every
+                pages = sum(site_counts(site_url).values()) if site_url else 0
+                samples.append((time.monotonic() - started, float(pages), rss))
+            time.sleep(0.1 if not rss_every else 0.5)
         log.seek(0)
         stderr = log.read()
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    redis_cpu = (cpu_seconds(redis_pid(redis_server)) - redis_cpu0) if redis_server is not None else 0.0
+    pg_cpu = watch.backends_cpu() if watch else 0.0
+    pg_background = watch.background_cpu() if watch else 0.0
+    if watch:
+        watch.close()
     if proc.returncode != 0:
         sys.stderr.write(stderr[-4000:])
         raise SystemExit("crawl failed")
-    result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
-    stat = lambda name: float(re.search(rf"'{name}': ([\d.]+)", result.stderr).group(1))  # noqa: E731
+    stat = lambda name: float(re.search(rf"'{name}': ([\d.]+)", stderr).group(1))  # noqa: E731
     pages = stat("response_received_count")
     elapsed = stat("elapsed_time_seconds")
-    items = re.search(r"'item_scraped_count': (\d+)", result.stderr)
+    items = re.search(r"'item_scraped_count': (\d+)", stderr)
+    crawler_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {
         "pages": pages,
         "items": float(items.group(1)) if items else 0.0,
         "elapsed": elapsed,
         "wall": wall,
         "pages_per_s": pages / elapsed,
-        "cpu_ms_per_page": 1000 * ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) / pages,
+        "cpu_ms_per_page": 1000 * crawler_cpu / pages,
+        "redis_ms_per_page": 1000 * redis_cpu / pages,
+        "postgres_ms_per_page": 1000 * (pg_cpu + pg_background) / pages,
+        "all_cpu_ms_per_page": 1000 * (crawler_cpu + redis_cpu + pg_cpu + pg_background) / pages,
         "peak_rss_mb": peak / 2**20,
+        "rss_samples": samples,
     }
 
 
@@ -226,20 +209,22 @@ def site_counts(url: str) -> dict[str, int]:
         return json.load(answer)["requests"]
 
 
-def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> dict[str, float]:
-    """Kill a lone worker mid-crawl, start another; time the return of the dead one's requests."""
+def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
+               extra_env: dict[str, str] | None = None) -> dict[str, float]:
+    """Kill a lone worker mid-crawl, start another; time the return of the dead one's requests
+    and count the pages fetched more than once by the end of the crawl (the redelivery waste)."""
     server = redis.Redis.from_url(redis_url)
     server.flushdb()
     drop_tables(dsn)
     site, url = start_site(products, 100)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
            "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCHEDULER_LEASE_TIMEOUT": str(lease),
-           "CONCURRENT_REQUESTS": "8", "METRICS_ENABLED": "false"}
+           "CONCURRENT_REQUESTS": "8", "METRICS_ENABLED": "false", **(extra_env or {})}
     command = [sys.executable, "-m", "scrapy", "crawl", "demo"]
     victim = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     successor = None
     try:
-        while sum(site_counts(url).values()) < 60:
+        while sum(site_counts(url).values()) < 150:  # well into the product pages
             time.sleep(0.1)
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -260,6 +245,7 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> d
             if requeued is not None and all(counts.get(p, 0) > fetched.get(p, 0) for p in paths):
                 refetched = time.monotonic() - killed
         successor.wait(timeout=300)
+        final = site_counts(url)
     finally:
         for proc in (victim, successor, site):
             if proc is not None and proc.poll() is None:
@@ -267,7 +253,46 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 400) -> d
                 proc.wait()
     if requeued is None or refetched is None:
         raise SystemExit("the killed worker's requests were not redelivered")
-    return {"held": float(len(held)), "requeued_s": requeued, "refetched_s": refetched, "lease": lease}
+    # Pages the dead worker had fetched whose work was lost with it: fetched again.
+    redundant = sum(c - 1 for path, c in final.items() if c > 1 and path != "/robots.txt")
+    products_redundant = sum(c - 1 for path, c in final.items() if c > 1 and path.startswith("/p/"))
+    return {"held": float(len(held)), "requeued_s": requeued, "refetched_s": refetched, "lease": lease,
+            "redundant": float(redundant), "redundant_products": float(products_redundant),
+            "held_fetched": float(sum(1 for p in paths if fetched.get(p, 0) > 0))}
+
+
+def redis_memory(redis_url: str, count: int = 10_000) -> dict[str, float]:
+    """Redis bytes per queued request and per leased one: *count* demo requests queued through
+    the scheduler's own staging (claim and queue, one script each), then all leased."""
+    import scrapy
+    from scraper.queue.dupefilter import SeenSet
+    from scraper.queue.leases import Leases
+    from scraper.queue.queues import PriorityQueue
+    from scraper.spiders.demo import DemoSpider
+    from dupefilter_memory import used_memory
+
+    server = redis.Redis.from_url(redis_url)
+    server.flushdb()
+    spider = DemoSpider()
+    queue = PriorityQueue(server, spider, "bench:requests")
+    seen = SeenSet(server, "bench:seen")
+    base, _ = used_memory(server)
+    seen_only = base
+    for start in range(0, count, 1000):
+        for i in range(start, min(count, start + 1000)):
+            request = scrapy.Request(f"http://127.0.0.1:8765/p/{i}.html", callback=spider.parse_product)
+            queue.stage(request, seen, hashlib.sha1(request.url.encode()).hexdigest())
+        queue.flush_staged()
+    queued, _ = used_memory(server)
+    seen_bytes = server.memory_usage("bench:seen", samples=0) or 0
+    seen_only = queued - seen_bytes
+    leases = Leases(server, "bench", "bench:requests", "bench:dead", ttl=60)
+    while leases.take(500):
+        pass
+    leased, _ = used_memory(server)
+    server.flushdb()
+    return {"queued_bytes": (seen_only - base) / count, "leased_bytes": (leased - seen_bytes - base) / count,
+            "seen_bytes": seen_bytes / count}
 
 
 def with_redis_db(url: str, db: int) -> str:
@@ -350,16 +375,161 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "upsert_unchanged": unchanged_rate}
 
 
+PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter")
+
+
+def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    for delay in args.latency:
+        site, url = start_site(args.products, delay)
+        try:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+            where = f"{url} ({args.products} products, {delay} ms per page)"
+            runs = []
+            for attempt in range(args.repeat):
+                print(f"\ncrawling {where} with plain Scrapy ...", flush=True)
+                plain = crawl(env, PLAIN, dsn, server)
+                print("crawling it again through the whole pipeline, without leases ...", flush=True)
+                drop_tables(dsn)
+                unleased = crawl(env, ["-s", "SCHEDULER_LEASE_TIMEOUT=0"], dsn, server)
+                print("crawling it again through the whole pipeline (leases on, metrics on) ...", flush=True)
+                drop_tables(dsn)
+                full = crawl(env, [], dsn, server)
+                runs.append((plain, unleased, full))
+        finally:
+            site.terminate()
+            site.wait()
+        for attempt, (plain, unleased, full) in enumerate(runs, 1):
+            print(f"{'':24}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawler ms':>11}{'Redis ms':>9}{'PG ms':>7}"
+                  f"{'all ms':>8}{'RSS MB':>8}   (CPU per page)")
+            for name, r in (("plain Scrapy", plain), ("pipeline, no leases", unleased), ("whole pipeline", full)):
+                print(f"{name:24}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['cpu_ms_per_page']:>11.2f}"
+                      f"{r['redis_ms_per_page']:>9.2f}{r['postgres_ms_per_page']:>7.2f}{r['all_cpu_ms_per_page']:>8.2f}"
+                      f"{r['peak_rss_mb']:>8.0f}")
+            cmp = f"P1 at {delay} ms per page"
+            tag = {"run": attempt}
+            for name, r in (("plain", plain), ("no_leases", unleased), ("pipeline", full)):
+                res.add(cmp, f"{name} pages/s", r["pages_per_s"], "pages/s", **tag)
+                res.add(cmp, f"{name} crawler CPU per page", r["cpu_ms_per_page"], "ms", **tag)
+                res.add(cmp, f"{name} crawler+Redis+Postgres CPU per page", r["all_cpu_ms_per_page"], "ms", **tag)
+                res.add(cmp, f"{name} peak RSS", r["peak_rss_mb"], "MB", **tag)
+            speed = res.add(cmp, "pipeline / plain pages/s", full["pages_per_s"] / plain["pages_per_s"], "x", **tag)
+            cpu = res.add(cmp, "pipeline / plain crawler CPU per page",
+                          full["cpu_ms_per_page"] / plain["cpu_ms_per_page"], "x", **tag)
+            cpu_all = res.add(cmp, "pipeline / plain CPU per page, crawler+Redis+Postgres",
+                              full["all_cpu_ms_per_page"] / plain["all_cpu_ms_per_page"], "x", **tag)
+            lease_speed = res.add(cmp, "leases / no leases pages/s", full["pages_per_s"] / unleased["pages_per_s"],
+                                  "x", **tag)
+            print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: {speed:.2f}x pages/s (goal >= 0.9), "
+                  f"{cpu:.2f}x crawler CPU per page, {cpu_all:.2f}x with Redis and Postgres (goal <= 1.1); "
+                  f"leases / no leases {lease_speed:.2f}x pages/s", flush=True)
+
+
+def redelivery_part(res: Results, redis_url: str, dsn: str) -> None:
+    for label, extra in (("lease cap (default, 2 x CONCURRENT_REQUESTS)", {}),
+                         ("no lease cap (SCHEDULER_MAX_LEASES=0)", {"SCHEDULER_MAX_LEASES": "0"})):
+        print(f"\nkilling a worker (CONCURRENT_REQUESTS=8, 300 products, 100 ms per page), {label} ...", flush=True)
+        red = redelivery(redis_url, dsn, lease=10.0, extra_env=extra)
+        print(f"leases the killed worker held: {red['held']:.0f} ({red['held_fetched']:.0f} already fetched); "
+              f"first back in the queue after {red['requeued_s']:.1f} s, all fetched again after "
+              f"{red['refetched_s']:.1f} s (lease timeout {red['lease']:.0f} s); pages fetched twice by the end: "
+              f"{red['redundant']:.0f} ({red['redundant_products']:.0f} product pages; goal <= 16)", flush=True)
+        cmp = "redelivery per killed worker"
+        res.add(cmp, "leases held at the kill", red["held"], "requests", variant=label)
+        res.add(cmp, "redundant fetches", red["redundant"], "pages", variant=label)
+        res.add(cmp, "redundant product-page fetches", red["redundant_products"], "pages", variant=label)
+        res.add(cmp, "all refetched after", red["refetched_s"], "s", variant=label)
+
+
+def p3(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
+    from scaleout import scale
+
+    for route in ("direct", "api"):
+        delay = 200
+        site, url = start_site(args.scale_products, 0 if route == "api" else delay)
+        pages = site_pages(url)
+        api = None
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "CONCURRENT_REQUESTS": str(args.scale_concurrency),
+               "METRICS_ENABLED": "false"}
+        if route == "api":
+            api, api_url = start_standin("bench-key", delay)
+            env.update({"SCRAPING_API_KEY": "bench-key", "SCRAPING_API_URL": api_url})
+        others = [redis_pid(server)] + ([api.pid] if api else [])
+        try:
+            print(f"\nscale-out {route}: {args.scale_products} products ({pages} pages), {delay} ms per page, "
+                  f"CONCURRENT_REQUESTS={args.scale_concurrency} per worker ...", flush=True)
+            one = None
+            for workers in args.scale_workers:
+                drop_tables(dsn)
+                r = scale(workers, env, site, url, pages, redis_url, others)
+                one = one or r["pages_per_s"]
+                ideal = workers * args.scale_concurrency * 1000 / delay
+                print(f"  {workers} worker(s): {r['pages_per_s']:7.1f} pages/s ({r['pages_per_s'] / one:.2f}x one; "
+                      f"ideal {ideal:.0f}), CPU {r['cpu_cores_used']:.2f} of {r['cpus']} cores "
+                      f"over {r['window_s']:.1f} s", flush=True)
+                cmp = f"P3 scale-out {route}"
+                res.add(cmp, f"{workers} workers pages/s", r["pages_per_s"], "pages/s")
+                res.add(cmp, f"{workers} workers / one", r["pages_per_s"] / one, "x")
+                res.add(cmp, f"{workers} workers CPU used", r["cpu_cores_used"], "cores", of=r["cpus"])
+        finally:
+            for proc in (site, api):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait()
+
+
+def p5(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
+    print("\nRedis memory per queued and per leased request (10,000 demo requests) ...", flush=True)
+    mem = redis_memory(redis_url)
+    print(f"queued: {mem['queued_bytes']:.0f} bytes per request (+{mem['seen_bytes']:.0f} in the seen-set); "
+          f"leased: {mem['leased_bytes']:.0f} bytes per request", flush=True)
+    res.add("P5 memory", "Redis per queued request", mem["queued_bytes"], "bytes")
+    res.add("P5 memory", "Redis per seen URL (set)", mem["seen_bytes"], "bytes")
+    res.add("P5 memory", "Redis per leased request", mem["leased_bytes"], "bytes")
+    print(f"\ncrawling {args.p5_products} products (pages served instantly), the crawler's RSS every 10 s ...",
+          flush=True)
+    server.flushdb()
+    drop_tables(dsn)
+    site, url = start_site(args.p5_products, 0)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+        r = crawl(env, [], dsn, server, rss_every=10.0, site_url=url)
+    finally:
+        site.terminate()
+        site.wait()
+    samples = r["rss_samples"]
+    for t, pages, rss in samples:
+        print(f"  {t:6.0f} s {pages:>8.0f} pages  RSS {rss / 2**20:6.1f} MB")
+    after = [(p, rss) for _, p, rss in samples if p >= 10_000]
+    base = after[0][1] if after else None
+    growth = (max(rss for _, rss in after) - base) / base if base else float("nan")
+    print(f"{r['pages']:.0f} pages at {r['pages_per_s']:.0f} pages/s; RSS growth after the first 10k pages: "
+          f"{100 * growth:+.1f} % (goal <= 10 %)", flush=True)
+    res.add("P5 memory", "pages crawled", r["pages"], "pages")
+    res.add("P5 memory", "RSS at 10k pages", (base or 0) / 2**20, "MB")
+    res.add("P5 memory", "peak RSS", r["peak_rss_mb"], "MB")
+    res.add("P5 memory", "RSS growth after the first 10k pages", 100 * growth, "%",
+            samples=[[round(t), int(p), round(rss / 2**20, 1)] for t, p, rss in samples])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=2, help="P1 crawls per latency, to show the noise")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--api-products", type=int, default=1000)
+    parser.add_argument("--scale-products", type=int, default=1500)
+    parser.add_argument("--scale-workers", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--scale-concurrency", type=int, default=4)
+    parser.add_argument("--p5-products", type=int, default=int(os.environ.get("PRODUCTS", "100000")))
     parser.add_argument("--dupefilter-urls", type=int, default=1_000_000)
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
-    parser.add_argument("--only", choices=["api-overhead"], default=None, help="run one part alone")
+    parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
 
     found = backends.resolve(Settings({
@@ -367,77 +537,68 @@ def main() -> None:
         "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
         "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
     }))
-    redis_url = with_redis_db(found.redis_url, 7)  # tests use 8-15
-    redis.Redis.from_url(redis_url).flushdb()
+    # A Redis of the bench's own when this machine has redis-server: its CPU is then the
+    # crawl's alone (a shared server also works for others meanwhile).
+    own = private_redis()
+    redis_url = own[1] if own else with_redis_db(found.redis_url, 7)  # tests use 8-15
+    server = redis.Redis.from_url(redis_url)
+    server.flushdb()
     dsn = recreate_database(found.database_url)
-    print(f"backends: Redis {'embedded' if found.embedded_redis else 'server'}, "
-          f"Postgres {'embedded' if found.embedded_postgres else 'server'}", flush=True)
+    res = Results(args.results)
+    res.run["backends"] = {"redis": "private redis-server" if own else ("embedded" if found.embedded_redis else "server"),
+                           "postgres": "embedded" if found.embedded_postgres else "server"}
+    print(f"backends: Redis {res.run['backends']['redis']}, Postgres {res.run['backends']['postgres']}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        run_parts(args, res, redis_url, server, dsn)
+    finally:
+        res.run["load_average_at_end"] = list(os.getloadavg())
+        res.save()
+        if own:
+            own[0].terminate()
+            own[0].wait()
+    print(f"\nfigures written to {args.results}")
 
-    print(f"\ncrawling {args.api_products} products (0 ms per page) through the whole pipeline, directly "
-          f"and through the scraping-API stand-in (0 ms added) ...", flush=True)
-    over = api_overhead(args.api_products, redis_url, dsn)
-    for name, r in over.items():
-        print(f"{name:8} {r['pages']:>6.0f} pages {r['pages_per_s']:>8.1f} pages/s {r['cpu_ms_per_page']:>7.2f} CPU ms/page")
-    print(f"the API path costs {over['api']['cpu_ms_per_page'] - over['direct']['cpu_ms_per_page']:+.2f} CPU ms "
-          f"per page in the crawler ({over['api']['cpu_ms_per_page'] / over['direct']['cpu_ms_per_page']:.2f}x)",
-          flush=True)
-    if args.only == "api-overhead":
-        return
 
-    for delay in args.latency:
-        site, url = start_site(args.products, delay)
-        try:
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
-                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
-            where = f"{url} ({args.products} products, {delay} ms per page)"
-            print(f"\ncrawling {where} with plain Scrapy ...", flush=True)
-            plain = crawl(env, PLAIN)
-            print("crawling it again through the whole pipeline, without leases ...", flush=True)
-            drop_tables(dsn)
-            unleased = crawl(env, ["-s", "SCHEDULER_LEASE_TIMEOUT=0"])
-            print("crawling it again through the whole pipeline ...", flush=True)
-            drop_tables(dsn)
-            full = crawl(env, [])
-        finally:
-            site.terminate()
-            site.wait()
-        print(f"{'':24}{'pages':>8}{'items':>8}{'pages/s':>10}{'CPU ms/page':>13}{'peak RSS MB':>13}")
-        for name, r in (("plain Scrapy", plain), ("pipeline, no leases", unleased), ("whole pipeline", full)):
-            print(f"{name:24}{r['pages']:>8.0f}{r['items']:>8.0f}{r['pages_per_s']:>10.1f}"
-                  f"{r['cpu_ms_per_page']:>13.2f}{r['peak_rss_mb']:>13.0f}")
-        print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: "
-              f"{full['pages_per_s'] / plain['pages_per_s']:.2f}x pages/s, "
-              f"{full['cpu_ms_per_page'] / plain['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
-        print(f"cost of at-least-once delivery at {delay} ms per page: leases / no leases "
-              f"{full['pages_per_s'] / unleased['pages_per_s']:.2f}x pages/s, "
-              f"{full['cpu_ms_per_page'] / unleased['cpu_ms_per_page']:.2f}x CPU per page", flush=True)
+def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    if "api-overhead" in args.only:
+        print(f"\ncrawling {args.api_products} products (0 ms per page) through the whole pipeline, directly "
+              f"and through the scraping-API stand-in (0 ms added) ...", flush=True)
+        over = api_overhead(args.api_products, redis_url, dsn)
+        for name, r in over.items():
+            print(f"{name:8} {r['pages']:>6.0f} pages {r['pages_per_s']:>8.1f} pages/s {r['cpu_ms_per_page']:>7.2f} "
+                  f"CPU ms/page")
+        extra = over["api"]["cpu_ms_per_page"] - over["direct"]["cpu_ms_per_page"]
+        print(f"the API path costs {extra:+.2f} CPU ms per page in the crawler "
+              f"({over['api']['cpu_ms_per_page'] / over['direct']['cpu_ms_per_page']:.2f}x)", flush=True)
+        res.add("scraping-API path", "extra crawler CPU per page", extra, "ms")
+    if "p1" in args.only:
+        p1(args, res, redis_url, server, dsn)
+    if "redelivery" in args.only:
+        redelivery_part(res, redis_url, dsn)
+    if "p3" in args.only:
+        p3(args, res, redis_url, dsn, server)
+    if "p5" in args.only:
+        p5(args, res, redis_url, dsn, server)
+    if "upsert" in args.only:
+        print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
+        up = upsert_bench(dsn, args.rows, args.batch)
+        print(f"{'plain COPY (bulk-load limit)':40}{up['copy']:>10.0f} rows/s")
+        print(f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
+              f"({up['reference'] / up['copy']:.2f}x COPY)")
+        for label, name in (("ours, new rows", "upsert_new"), ("ours, same rows again (unchanged)", "upsert_unchanged")):
+            print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
+                  f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
+            res.add("upsert", f"{label} / plain COPY", up[name] / up["copy"], "x", rows_per_s=round(up[name]))
+    if "dupefilter" in args.only:
+        print(f"\ndupefilter memory, set vs Bloom filter, {args.dupefilter_urls:,} URLs ...", flush=True)
+        import dupefilter_memory
 
-    print("\nkilling a worker that holds leases (lease timeout 10 s) and timing the redelivery ...", flush=True)
-    red = redelivery(redis_url, dsn, lease=10.0)
-    print(f"requests the killed worker held: {red['held']:.0f}; the first back in the queue after "
-          f"{red['requeued_s']:.1f} s, all fetched again after {red['refetched_s']:.1f} s "
-          f"(lease timeout {red['lease']:.0f} s)", flush=True)
-
-    print(f"\ncrawling {args.api_products} products through the scraping-API stand-in "
-          f"(+200 ms per page), 1, 2 and 4 workers sharing one queue ...", flush=True)
-    scaling = api_scaling(args.api_products, redis_url, dsn)
-    one = scaling[0][2]
-    for workers, _pages, rate in scaling:
-        print(f"{workers} worker(s): {rate:>8.1f} pages/s  ({rate / one:.2f}x one worker)")
-
-    print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
-    up = upsert_bench(dsn, args.rows, args.batch)
-    print(f"{'plain COPY (bulk-load limit)':40}{up['copy']:>10.0f} rows/s")
-    print(f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
-          f"({up['reference'] / up['copy']:.2f}x COPY)")
-    for label, name in (("ours, new rows", "upsert_new"), ("ours, same rows again (unchanged)", "upsert_unchanged")):
-        print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
-              f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
-
-    print(f"\ndupefilter memory, set vs Bloom filter, {args.dupefilter_urls:,} URLs ...", flush=True)
-    import dupefilter_memory
-
-    dupefilter_memory.main(["--urls", str(args.dupefilter_urls)])
+        figures = dupefilter_memory.main(["--urls", str(args.dupefilter_urls)])
+        if isinstance(figures, dict):
+            for key, value in figures.items():
+                if isinstance(value, (int, float)):
+                    res.add("dupefilter memory", key, value, "")
 
 
 if __name__ == "__main__":

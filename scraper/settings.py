@@ -25,6 +25,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
                             worker gets it again (60); 0 turns at-least-once delivery off.
+``SCHEDULER_MAX_LEASES``    Leases one node holds at most (2 x ``CONCURRENT_REQUESTS``; 0: no
+                            cap): at the cap it takes no more and has its pending rows
+                            committed now, so a killed node costs at most that many refetches.
 ``RUNS_NODE_TTL``           Seconds without a heartbeat after which a node of another host
                             counts as gone (60); a node of this host whose process is gone
                             counts as gone at once. A run with no node left, nothing queued
@@ -177,6 +180,8 @@ SCHEDULER_PREFETCH = _env("SCHEDULER_PREFETCH", "4")
 SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
 # A request redelivered this many times (its workers keep dying) becomes a dead letter.
 SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
+if _env("SCHEDULER_MAX_LEASES") is not None:  # unset: twice CONCURRENT_REQUESTS, however that is set
+    SCHEDULER_MAX_LEASES = _env("SCHEDULER_MAX_LEASES")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
 # Runs (scraper/runs): a node of another host that stays silent this long is gone.
 RUNS_NODE_TTL = _env("RUNS_NODE_TTL", "60")

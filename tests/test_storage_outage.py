@@ -87,9 +87,11 @@ def plateau(site: DemoSite, quiet: float, timeout: float) -> int:
 def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -> None:
     catalog = Catalog(products=150)
     with DemoSite(catalog, delay_ms=40) as site:
+        # The lease cap (2 x 4) would stop the crawl before 20 rows wait: raised, so that
+        # the writer's own backpressure is what holds it here.
         env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
                         POSTGRES_MAX_PENDING="20", SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5",
-                        POSTGRES_RETRY_TIMEOUT="300")
+                        POSTGRES_RETRY_TIMEOUT="300", SCHEDULER_MAX_LEASES="64")
         workers = [start_crawl(env) for _ in range(2)]
         wait_for(lambda: postgres.count("products") >= 15, timeout=60)
         postgres.stop()

@@ -43,6 +43,21 @@ _LANGUAGE_MEMORY = 4096
 
 
 _TEXT_LIKE = (str, int, float, Decimal, bytes, list, tuple)
+_IMMUTABLE = (str, int, float, Decimal, bytes, type(None))
+
+
+def _raw_copy(values: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of what a spider yields: strings and lists of strings are copied by hand
+    (``copy.deepcopy`` cost ~0.1 ms per item, most of it on them), anything else deeply."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if isinstance(value, _IMMUTABLE):
+            out[name] = value
+        elif type(value) is list and all(isinstance(v, _IMMUTABLE) for v in value):
+            out[name] = list(value)
+        else:
+            out[name] = copy.deepcopy(value)
+    return out
 
 
 def _present(value: Any) -> bool:
@@ -92,7 +107,7 @@ class CleanPipeline:
         if not isinstance(item, StoredItem):
             return item
         try:
-            item._raw = copy.deepcopy(dict(item))
+            item._raw = _raw_copy(dict(item))
         except Exception:  # an uncopyable value: keep what the item holds, as it is
             item._raw = dict(item)
         problems: list[str] = []

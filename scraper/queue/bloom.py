@@ -199,7 +199,7 @@ class BloomSeen(GenerationalClaims):
             self._check_fill()
         return generation
 
-    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: str) -> None:
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes) -> None:
         self.generation()
         current, previous, expire_at = self.generations.keys(self.base)
         self._claim(keys=[current, previous, self.params_key, queue_key],

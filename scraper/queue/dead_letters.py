@@ -30,8 +30,10 @@ from .requests import is_leaked_api_call
 FAILURE_META = ("retry_times", "callback_attempts", "_lease", "download_latency", "download_slot")
 
 
-def entry(reason: str, attempts: int, url: str | None, data: str, count: int = 1) -> str:
+def entry(reason: str, attempts: int, url: str | None, data: str | bytes, count: int = 1) -> str:
     """One dead letter, as stored: the request's queue JSON plus why and how often it failed."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")  # the queue's JSON is UTF-8
     return json.dumps(
         {"at": time.time(), "reason": reason, "attempts": attempts, "url": url, "request": data, "count": count},
         ensure_ascii=False,
@@ -42,7 +44,7 @@ def identity(request: Request) -> str:
     return hashlib.sha1(f"{request.method} {request.url}\0".encode() + (request.body or b"")).hexdigest()
 
 
-def fresh_request(data: str) -> str:
+def fresh_request(data: str | bytes) -> bytes:
     """The queue JSON *data* without the meta a request collected while failing."""
     request = serializer.loads(data)
     meta = request.get("meta")

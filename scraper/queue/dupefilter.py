@@ -91,7 +91,7 @@ class SeenSet(GenerationalClaims):
     def generation(self) -> int:
         return self.generations.current()
 
-    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: str) -> None:
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes) -> None:
         current, previous, expire_at = self.generations.keys(self.base)
         self._claim(keys=[current, previous, queue_key], args=[fingerprint, expire_at, score, data], client=pipe)
 
@@ -181,7 +181,7 @@ class SharedDupeFilter(RFPDupeFilter):
         seen, fp = self.seen_locally(request)
         return seen or not self.store.add(fp)
 
-    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: str) -> None:
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes) -> None:
         """Add to *pipe* one command that claims *fingerprint* and, if no process had claimed
         it, queues *data* in *queue_key* with *score*; its result is 1 if queued, else 0."""
         self.store.push_if_new(pipe, fingerprint, queue_key, score, data)

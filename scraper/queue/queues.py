@@ -58,7 +58,7 @@ class PriorityQueue(_RedisPriorityQueue):
         self._callback_names: dict[Any, str] = {}
         self.prefetch = max(1, prefetch)
         # Requests encoded but not yet sent: (dupefilter or None, fingerprint, score, data).
-        self._staged: list[tuple[Any, str, float, str]] = []
+        self._staged: list[tuple[Any, str, float, bytes]] = []
         # Requests taken from Redis but not yet handed to the engine: (lease id, score, data).
         self._prefetched: list[tuple[str | None, float, bytes]] = []
         # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
@@ -89,7 +89,7 @@ class PriorityQueue(_RedisPriorityQueue):
             self._staged[:0] = staged
             raise
 
-    def _send_staged(self, staged: list[tuple[Any, str, float, str]]) -> tuple[int, int]:
+    def _send_staged(self, staged: list[tuple[Any, str, float, bytes]]) -> tuple[int, int]:
         pipe = self.server.pipeline(transaction=False)
         for dupefilter, fingerprint, score, data in staged:
             # Exactly one command per request, so that results line up with requests.
@@ -122,6 +122,9 @@ class PriorityQueue(_RedisPriorityQueue):
     def local_pending(self) -> int:
         return len(self._staged) + len(self._prefetched)
 
+    def prefetched_count(self) -> int:
+        return len(self._prefetched)
+
     def prefetched_leases(self) -> set[str]:
         return {lease for lease, _, _ in self._prefetched if lease}
 
@@ -136,7 +139,7 @@ class PriorityQueue(_RedisPriorityQueue):
             self.server.zadd(self.key, {data: score for _, score, data in taken})
         return len(taken)
 
-    def _encode_request(self, request: Request) -> str:
+    def _encode_request(self, request: Request) -> bytes:
         try:
             return self.serializer.dumps(request_to_dict(request, self.spider, self._callback_names))
         except SerializationError as exc:
@@ -151,12 +154,13 @@ class PriorityQueue(_RedisPriorityQueue):
             raise LeakedApiCall("a scraping-API call queued by an earlier version (it holds the API key)")
         return request_from_dict(data, self.spider)
 
-    def pop(self, timeout: int = 0) -> Request | None:
+    def pop(self, timeout: int = 0, limit: int | None = None) -> Request | None:
         # ZPOPMIN takes the best-scored entries atomically, several per round trip when
-        # prefetching. A corrupt entry is set aside rather than crashing the engine loop.
+        # prefetching (at most *limit*, when given). A corrupt entry is set aside rather than
+        # crashing the engine loop.
         if not self._prefetched:
             if self.leases is not None:
-                taken = self.leases.take(self.prefetch)
+                taken = self.leases.take(max(1, min(self.prefetch, limit or self.prefetch)))
             else:
                 taken = [(None, score, data) for data, score in self.server.zpopmin(self.key, self.prefetch)]
             self._prefetched = list(reversed(taken))

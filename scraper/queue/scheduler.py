@@ -69,6 +69,9 @@ class SharedScheduler(Scheduler):
         instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
         instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
         instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
+        # What a worker killed at any moment costs in refetched pages: the leases it holds.
+        instance.max_leases = get_int(settings, "SCHEDULER_MAX_LEASES",
+                                      2 * get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1), minimum=0)
         instance.node_ttl = get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
         instance.fresh = get_bool(settings, "RUNS_FRESH", False)
         seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on
@@ -176,7 +179,11 @@ class SharedScheduler(Scheduler):
             self._reap()  # requests a worker of an earlier run died holding
             self.crawler.signals.connect(self._abandon, signal=lease_abandoned)
             self._lease_loop = task.LoopingCall(self._tend_leases)
-            self._lease_loop.start(max(0.05, min(0.5, self.lease_timeout / 6)), now=False)
+            # Acknowledging soon after a commit is what keeps few leases held (and a killed
+            # worker's refetches few); one small script per tick. Reaping needs no such haste.
+            self._reap_every = max(0.05, min(0.5, self.lease_timeout / 6))
+            self._next_reap = 0.0
+            self._lease_loop.start(min(0.1, self._reap_every), now=False)
         self.nodes.beat(force=True)
         # Heartbeats also while the engine does not ask for requests (downloads saturated).
         self._beat_loop = task.LoopingCall(self._beat)
@@ -246,7 +253,9 @@ class SharedScheduler(Scheduler):
             if done:
                 self.stats.inc_value("scheduler/acked", len(done))
             self.leases.renew()
-            self._reap()
+            if time.monotonic() >= self._next_reap:
+                self._next_reap = time.monotonic() + self._reap_every
+                self._reap()
             self._wake_engine()
         except UNREACHABLE as exc:  # the next tick tries again; leases outlive a blip
             self._redis_down(exc)
@@ -410,11 +419,29 @@ class SharedScheduler(Scheduler):
                         "queue within SCHEDULER_LEASE_TIMEOUT=%gs if their worker stops", summary.live,
                         self.lease_timeout)
 
+    def _at_lease_cap(self) -> bool:
+        """This node holds ``SCHEDULER_MAX_LEASES`` leases and has none left to hand out: take no
+        more until some are acknowledged, and have the writer commit what it holds now instead
+        of at its next interval (rows waiting for their batch keep their pages leased)."""
+        if self.leases is None or not self.max_leases or self.queue.prefetched_count():
+            return False
+        if len(self.leases.mine) < self.max_leases:
+            return False
+        self.stats.inc_value("scheduler/lease_cap_waits")
+        writer = getattr(self.crawler, "_postgres_writer", None)
+        flush = getattr(writer, "_flush_if_idle", None)
+        if flush is not None and writer.gave_up is None:
+            flush()
+        return True
+
     def next_request(self) -> Request | None:
+        if self._at_lease_cap():
+            return None
         try:
             self.nodes.beat()
             self.flush_staged()
-            request = self.queue.pop()
+            room = self.max_leases - len(self.leases.mine) if self.leases is not None and self.max_leases else None
+            request = self.queue.pop(limit=room)
         except UNREACHABLE as exc:
             self._redis_down(exc)
             return None
