@@ -9,6 +9,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 PRODUCTS ?= 500
 TARGET  ?= default
+# Two pytest workers on two cores: most tests wait on real processes, not the CPU.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo demo-site test bench clean deploy
 
@@ -27,7 +29,7 @@ demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
