@@ -14,7 +14,7 @@ from typing import Any
 from scrapy.exceptions import DropItem
 
 from ..items.base import StoredItem
-from .validate import check
+from .validate import check, count_rejects
 
 
 def reasons_for(item: Any) -> list[str]:
@@ -48,8 +48,5 @@ class PreviewPipeline:
         reasons = check(item)
         if not reasons:
             return item
-        stats = self.crawler.stats
-        for reason in reasons:
-            stats.inc_value(f"item_rejected_reasons/{reason.split(':', 1)[0]}")
-        stats.inc_value("item_rejected_count")
+        count_rejects(self.crawler.stats, reasons)
         raise DropItem(f"Rejected ({'; '.join(reasons)})", log_level="INFO")

@@ -83,6 +83,13 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     return _json_safe(str(value)[:10_000])
 
 
+def count_rejects(stats: Any, reasons: list[str]) -> None:
+    """One rejected item, counted by each failing field (the metrics' ``reason`` label)."""
+    for reason in reasons:
+        stats.inc_value(f"item_rejected_reasons/{reason.split(':', 1)[0]}")
+    stats.inc_value("item_rejected_count")
+
+
 def reject_record(spider_name: str, item: Any, reasons: list[str]) -> dict[str, Any]:
     raw = _json_safe(getattr(item, "_raw", None) or ItemAdapter(item).asdict())
     reasons = [_json_safe(reason) for reason in reasons]
@@ -118,10 +125,7 @@ class ValidatePipeline:
             reasons = [f"{type(item).__name__} has no storage contract (use a StoredItem subclass)"]
         if not reasons:
             return item
-        stats = self.crawler.stats
-        for reason in reasons:
-            stats.inc_value(f"item_rejected_reasons/{reason.split(':', 1)[0]}")
-        stats.inc_value("item_rejected_count")
+        count_rejects(self.crawler.stats, reasons)
         try:
             await maybe_deferred_to_future(self.writer.add_reject(reject_record(self.crawler.spider.name, item, reasons)))
         except WriteFailed as exc:
