@@ -14,10 +14,12 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 import psycopg2
 import redis
+from redis.exceptions import RedisClusterException
 from scrapy.settings import BaseSettings
 
 from . import embedded
@@ -82,18 +84,43 @@ def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool
 
 
 def check_redis(url: str) -> None:
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    from .redis_client import cluster_url
+
+    plain = cluster_url(url)
+    if plain is None and not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(
-            f"REDIS_URL: expected redis://, rediss:// or unix://, got {mask_url(url)!r}"
+            "REDIS_URL: expected redis://, rediss://, unix://, or redis+cluster:// for a Redis Cluster, "
+            f"got {mask_url(url)!r}"
         )
+    if plain is not None and urlsplit(url).path.strip("/") not in ("", "0"):
+        raise ConfigError(f"REDIS_URL: a Redis Cluster has database 0 only, got {mask_url(url)!r}")
     try:
+        if plain is not None:
+            _check_cluster(url, plain)
+            return
         client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
-        client.ping()
+        enabled = client.info("cluster").get("cluster_enabled")
         client.close()
     except redis.AuthenticationError:
         raise ConfigError(f"REDIS_URL: authentication failed for {mask_url(url)}") from None
-    except (redis.RedisError, ValueError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         raise ConfigError(f"REDIS_URL: cannot connect to {mask_url(url)}: {_reason(exc)}") from None
+    if enabled:
+        # Plain commands would be answered MOVED for most keys, half-way through a crawl.
+        raise ConfigError(f"REDIS_URL: {mask_url(url)} is a node of a Redis Cluster: use "
+                          f"{mask_url(url).replace('redis', 'redis+cluster', 1)}")
+
+
+def _check_cluster(url: str, plain: str) -> None:
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(plain, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        state = client.cluster_info(target_nodes=RedisCluster.RANDOM).get("cluster_state")
+    finally:
+        client.close()
+    if state != "ok":
+        raise ConfigError(f"REDIS_URL: the Redis Cluster at {mask_url(url)} says cluster_state:{state}")
 
 
 def check_postgres(url: str) -> None:

@@ -3,6 +3,10 @@
 scrapy-redis builds a pool per component; at fleet scale that multiplies connections for no gain.
 Connections retry with backoff on transient errors so a Redis restart or a dropped connection
 costs a pause, not a crashed crawl.
+
+``redis+cluster://host:port`` (or ``rediss+cluster://``) connects to a Redis Cluster through any
+of its nodes with redis-py's ``RedisCluster``: every key of a spider carries its hash tag (see
+:mod:`scraper.queue.keys`), so the scripts that touch several keys at once run there unchanged.
 """
 
 from __future__ import annotations
@@ -11,37 +15,80 @@ import atexit
 import os
 import socket
 import threading
+from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
+from redis.exceptions import ClusterDownError, MasterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
-_clients: dict[str, redis.Redis] = {}
+_clients: dict[str, Any] = {}
 _lock = threading.Lock()
 
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
-#: Redis being unreachable (down, restarting, loading its data) once the client's own retries
-#: are spent: callers that must not lose work wait and try again.
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+#: Redis being unreachable (down, restarting, loading its data, a cluster between a master's
+#: death and its replica's promotion) once the client's own retries are spent: callers that
+#: must not lose work wait and try again.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, MasterDownError, TryAgainError,
+               SlotNotCoveredError)
 
 
-def get_redis(url: str) -> redis.Redis:
-    """Return the process-wide client for *url* (``redis://``, ``rediss://`` or ``unix://``)."""
+def cluster_url(url: str) -> str | None:
+    """The plain ``redis://`` URL of a ``redis+cluster://`` one; None for any other URL."""
+    parts = urlsplit(url)
+    scheme = CLUSTER_SCHEMES.get(parts.scheme.lower())
+    if scheme is None:
+        return None
+    # A cluster has database 0 only; a path would be read as a database number.
+    return urlunsplit((scheme, parts.netloc, "", parts.query, ""))
+
+
+def get_redis(url: str) -> Any:
+    """Return the process-wide client for *url*: ``redis://``, ``rediss://``, ``unix://``, or
+    ``redis+cluster://``/``rediss+cluster://`` for a Redis Cluster (a ``RedisCluster``)."""
     with _lock:
         client = _clients.get(url)
         if client is None:
-            client = redis.Redis.from_url(
-                url,
+            options = dict(
                 # Named so that operators (and tests) can tell crawl connections apart.
                 client_name=f"scraper:{socket.gethostname()}:{os.getpid()}",
                 socket_connect_timeout=5,
                 socket_timeout=30,
                 health_check_interval=30,
                 retry=Retry(ExponentialBackoff(cap=5, base=0.1), 6),
-                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
             )
+            plain = cluster_url(url)
+            if plain is not None:
+                from redis.cluster import RedisCluster
+
+                client = RedisCluster.from_url(plain, **options)
+                atexit.register(client.disconnect_connection_pools)
+            else:
+                client = redis.Redis.from_url(url, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                                              **options)
+                # Registered after an embedded server's own exit hook, so it runs first: the
+                # embedded server only stops once no client is connected.
+                atexit.register(client.connection_pool.disconnect)
             _clients[url] = client
-            # Registered after an embedded server's own exit hook, so it runs first: the
-            # embedded server only stops once no client is connected.
-            atexit.register(client.connection_pool.disconnect)
         return client
+
+
+class _Script(Script):
+    """A Lua script that also runs in a cluster pipeline, where redis-py refuses EVALSHA."""
+
+    def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None,
+                 client: Any = None) -> Any:
+        from redis.cluster import ClusterPipeline
+
+        if isinstance(client, ClusterPipeline):
+            keys = list(keys or ())
+            return client.execute_command("EVAL", self.script, len(keys), *keys, *(args or ()))
+        return super().__call__(keys, args, client)
+
+
+def register_script(server: Any, text: str) -> Script:
+    """``server.register_script(text)``, usable in any pipeline of *server*, clustered or not."""
+    return _Script(server, text)

@@ -25,7 +25,7 @@ def test_a_killed_workers_requests_are_redelivered(clean) -> None:
         workers = [start_crawl(env) for _ in range(3)]
         wait_for(lambda: site.stats()["total"] > 50, timeout=60)
         victim = workers[0]
-        leased = clean.redis().zcard("demo:lease_deadlines")
+        leased = clean.redis().zcard("{demo}:lease_deadlines")
         victim.proc.send_signal(signal.SIGKILL)  # no cleanup of any kind: its leases just stop
         logs = [w.communicate(timeout=180)[1] for w in workers]
         counts = site.stats()["requests"]
@@ -52,8 +52,8 @@ def assert_every_outcome_once(clean, catalog: Catalog, spider: str = "demo") -> 
     """Every product is exactly one of: a stored row, a reject, a dead letter; none lost."""
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
     redis = clean.redis()
-    assert redis.llen(f"{spider}:dead") == 0
-    assert redis.zcard(f"{spider}:lease_deadlines") == 0 and redis.hlen(f"{spider}:leased") == 0
+    assert redis.llen(f"{{{spider}}}:dead") == 0
+    assert redis.zcard(f"{{{spider}}}:lease_deadlines") == 0 and redis.hlen(f"{{{spider}}}:leased") == 0
 
 
 # Product pages take 0.25 s of blocking work in the callback and mark where each callback is, so
@@ -155,7 +155,7 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
             if not clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]:
                 return []
             leased = {}
-            for value in redis.hvals("demo:leased"):
+            for value in redis.hvals("{demo}:leased"):
                 url = json.loads(value.split(b"|", 1)[1])["url"]
                 found = re.search(r"/p/(\d+)\.html$", url)
                 # A product listed on one page only: its row can only have come from that page.

@@ -50,9 +50,9 @@ class Node:
 
     def __init__(self, server: redis.Redis, settings: Settings) -> None:
         self.server = server
-        self.queue = PriorityQueue(self.server, BloomSpider(), f"{SPIDER}:requests")
+        self.queue = PriorityQueue(self.server, BloomSpider(), f"{{{SPIDER}}}:requests")
         crawler = get_crawler(BloomSpider, {"REQUEST_FINGERPRINTER_CLASS": "scrapy.utils.request.RequestFingerprinter"})
-        self.df = SharedDupeFilter(self.server, f"{SPIDER}:dupefilter", crawler.request_fingerprinter,
+        self.df = SharedDupeFilter(self.server, f"{{{SPIDER}}}:dupefilter", crawler.request_fingerprinter,
                                    store=make_store(self.server, SPIDER, settings))
 
     def offer(self, *urls: str) -> tuple[int, int]:
@@ -166,13 +166,13 @@ def test_racing_nodes_claim_each_fingerprint_exactly_once(connect, backend: str)
 def test_measured_false_positive_rate_is_near_the_configured_rate(connect) -> None:
     server = connect()
     bloom = BloomFilter.for_capacity(50_000, 0.01)
-    store = BloomSeen(server, f"{SPIDER}:bloom", bloom)
+    store = BloomSeen(server, f"{{{SPIDER}}}:bloom", bloom)
     inserted = fingerprints(50_000, 3)
     new = store.add_many(inserted, chunk=5000)
     # Filling up, a few late fingerprints already collide: far fewer than 1% of them.
     assert len(inserted) - new < 0.01 * len(inserted)
     # Check the stored bits here rather than with 1.4 million GETBITs (bit 0 is the first byte's MSB).
-    bits = server.get(f"{SPIDER}:bloom").ljust(bloom.bytes, b"\0")
+    bits = server.get(f"{{{SPIDER}}}:bloom").ljust(bloom.bytes, b"\0")
 
     def held(fp: str) -> bool:
         return all(bits[p >> 3] >> (7 - (p & 7)) & 1 for p in bloom.positions(fp))
@@ -189,10 +189,10 @@ def test_measured_false_positive_rate_is_near_the_configured_rate(connect) -> No
 
 def test_size_never_fails_on_a_key_of_another_type(connect) -> None:
     server = connect()
-    server.set(f"{SPIDER}:dupefilter", "not a set")
+    server.set(f"{{{SPIDER}}}:dupefilter", "not a set")
     assert seen_size(server, SPIDER, Settings({})) == 0
     assert seen_size(server, SPIDER, settings_for("bloom")) == 0  # no filter yet
-    server.delete(f"{SPIDER}:dupefilter")
+    server.delete(f"{{{SPIDER}}}:dupefilter")
     make_store(server, SPIDER, settings_for("set")).add_many(fingerprints(50, 5))
     assert seen_size(server, SPIDER, Settings({})) == 50
 
@@ -243,8 +243,8 @@ def test_custom_request_fingerprinter_is_honoured(clean, connect) -> None:
     assert second.enqueue_request(scrapy.Request("http://shop.test/p?a=3"))  # staged, then refused by Redis
     second.flush_staged()
     assert second.stats.get_value("dupefilter/filtered_shared") == 1
-    assert connect().zcard(f"{SPIDER}:requests") == 1
-    assert connect().exists(f"{SPIDER}:bloom") and not connect().exists(f"{SPIDER}:dupefilter")
+    assert connect().zcard(f"{{{SPIDER}}}:requests") == 1
+    assert connect().exists(f"{{{SPIDER}}}:bloom") and not connect().exists(f"{{{SPIDER}}}:dupefilter")
     for instance in (first, second):
         instance.close("shutdown")
 
@@ -252,7 +252,7 @@ def test_custom_request_fingerprinter_is_honoured(clean, connect) -> None:
 def test_an_expired_lease_is_redelivered_past_the_filter(connect) -> None:
     node = Node(connect(), settings_for("bloom"))
     assert node.offer("http://shop.test/leased") == (1, 0)
-    leases = Leases(node.server, SPIDER, node.queue.key, f"{SPIDER}:dead", ttl=0.1)
+    leases = Leases(node.server, SPIDER, node.queue.key, f"{{{SPIDER}}}:dead", ttl=0.1)
     [(_lease, _score, _data)] = leases.take(1)
     time.sleep(0.2)
     assert leases.reap() == (1, 0)
@@ -270,14 +270,14 @@ def test_crawl_with_the_bloom_filter_fetches_each_page_once(clean, connect, site
     assert sorted(sku for sku, _ in rows) == sorted(p.sku for p in catalog.valid_products())
     assert all(n == 1 for _, n in rows)
     # A finished crawl without expiry drops its filter with the rest of the run's state.
-    assert [k for k in connect().keys("demo:*") if not k.startswith(b"demo:run")] == []
+    assert [k for k in connect().keys("{demo}:*") if not k.startswith(b"{demo}:run")] == []
 
 
 def test_with_an_expiry_a_recrawl_skips_what_it_saw(clean, connect, site: DemoSite, catalog: Catalog) -> None:
     crawl(clean, site, DUPEFILTER_BACKEND="bloom", DUPEFILTER_EXPIRY="3600")
     server = connect()
-    kept = sorted(k.decode() for k in server.keys("demo:*") if not k.startswith(b"demo:run"))
-    assert kept and all(k.startswith("demo:bloom:") for k in kept), kept
+    kept = sorted(k.decode() for k in server.keys("{demo}:*") if not k.startswith(b"{demo}:run"))
+    assert kept and all(k.startswith("{demo}:bloom:") for k in kept), kept
     assert all(0 < server.ttl(k) <= 3600 for k in kept)
     # `scrapy queue` estimates the filter's size (from a 1 MB sample of 18 MB: rough when small).
     result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, DUPEFILTER_BACKEND="bloom",

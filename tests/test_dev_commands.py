@@ -65,9 +65,9 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
         stopped = run_scrapy(env, "crawl", "demo", "-s", "CLOSESPIDER_PAGECOUNT=12", "-s", "CONCURRENT_REQUESTS=2")
         assert stopped.returncode == 0, stopped.stderr[-3000:]
         server = clean.redis()
-        server.hset("demo:nodes", "other-host:4242:abcdef", time.time())
+        server.hset("{demo}:nodes", "other-host:4242:abcdef", time.time())
         (targets / "other-host-4242-9411.json").write_text('[{"targets": ["other-host:9411"]}]')
-        assert server.zcard("demo:requests") > 0 and server.exists("demo:dupefilter", "demo:items:seen") == 2
+        assert server.zcard("{demo}:requests") > 0 and server.exists("{demo}:dupefilter", "{demo}:items:seen") == 2
         before = redis_snapshot(server), folder_snapshot(targets), tables_snapshot(clean)
         assert before[2]["products"], "the stopped crawl stored some rows"
         hits_before = site.stats()["total"]

@@ -36,7 +36,7 @@ def test_seed_refuses_what_is_not_a_url(clean, tmp_path) -> None:
     bad.write_text("http://ok.example/\nnot a url\n")
     result = run_scrapy(crawl_env(clean), "seed", "demo", str(bad))
     assert result.returncode != 0 and "bad.txt:2: not a URL" in result.stderr
-    assert clean.redis().zcard("demo:requests") == 0  # all or nothing
+    assert clean.redis().zcard("{demo}:requests") == 0  # all or nothing
 
 
 def test_migrate_is_idempotent_and_adds_new_columns(clean) -> None:

@@ -48,7 +48,7 @@ def test_seeds_are_seen_and_dead_letters_are_one_per_request(clean) -> None:
         first = run_scrapy(env, *crawl_args)
         hits = site.stats()["requests"]
         requeued = run_scrapy(env, "dlq", "requeue", "demo", "--all")
-        back = [json.loads(m) for m in clean.redis().zrange("demo:requests", 0, -1)]
+        back = [json.loads(m) for m in clean.redis().zrange("{demo}:requests", 0, -1)]
         second = run_scrapy(env, *crawl_args)
     relisted = run_scrapy(env, "dlq", "list", "demo")
     shown = run_scrapy(env, "dlq", "show", "demo", "0")
@@ -73,4 +73,4 @@ def test_seeds_are_seen_and_dead_letters_are_one_per_request(clean) -> None:
     assert f"request:   GET {unreachable}" in shown.stdout and "dead-lettered 2 time(s)" in shown.stdout
     assert "callback:  parse" in shown.stdout and "header:    User-Agent: scraper" in shown.stdout
     assert "purged 1 dead letter(s) for 'demo'; 0 left" in purged.stdout
-    assert clean.redis().llen("demo:dead") == 0 and clean.redis().hlen("demo:dead:index") == 0
+    assert clean.redis().llen("{demo}:dead") == 0 and clean.redis().hlen("{demo}:dead:index") == 0

@@ -22,7 +22,7 @@ class QueueSpider(scrapy.Spider):
 
 @pytest.fixture
 def queue(clean):
-    return PriorityQueue(get_redis(clean.redis_url), QueueSpider(), "queue_test:requests")
+    return PriorityQueue(get_redis(clean.redis_url), QueueSpider(), "{queue_test}:requests")
 
 
 def test_request_round_trips_through_redis_as_json(queue) -> None:
@@ -80,7 +80,7 @@ def test_corrupt_entry_is_set_aside_not_lost(queue) -> None:
     queue.push(scrapy.Request("http://127.0.0.1/ok"))
     popped = [queue.pop(), queue.pop()]
     assert [r.url for r in popped if r] == ["http://127.0.0.1/ok"]
-    [letter] = [json.loads(x) for x in queue.server.lrange("queue_test:dead", 0, -1)]
+    [letter] = [json.loads(x) for x in queue.server.lrange("{queue_test}:dead", 0, -1)]
     assert letter["reason"].startswith("unreadable") and letter["attempts"] == 1
     assert letter["request"].encode("utf-8", "surrogateescape") != b"" and "garbage" in letter["request"]
 
@@ -104,24 +104,24 @@ def test_a_stalled_worker_cannot_release_a_lease_another_worker_took_over(queue)
 
     server = queue.server
     queue.push(scrapy.Request("http://shop.test/slow"))
-    stalled = Leases(server, "queue_test", queue.key, "queue_test:dead", ttl=0.2, owner="A")
-    other = Leases(server, "queue_test", queue.key, "queue_test:dead", ttl=30, owner="B")
+    stalled = Leases(server, "queue_test", queue.key, "{queue_test}:dead", ttl=0.2, owner="A")
+    other = Leases(server, "queue_test", queue.key, "{queue_test}:dead", ttl=30, owner="B")
     [(lease, _score, _data)] = stalled.take(1)
     time.sleep(0.3)
     assert other.reap() == (1, 0)
     [(again, _score, _data)] = other.take(1)
     assert again == lease
-    deadline = server.zscore("queue_test:lease_deadlines", lease)
+    deadline = server.zscore("{queue_test}:lease_deadlines", lease)
 
     stalled.renew(force=True)
     stalled.ack({lease})
-    assert server.zscore("queue_test:lease_deadlines", lease) == deadline  # B's lease untouched
-    assert server.hexists("queue_test:leased", lease)
+    assert server.zscore("{queue_test}:lease_deadlines", lease) == deadline  # B's lease untouched
+    assert server.hexists("{queue_test}:leased", lease)
     assert lease not in stalled.mine and lease in other.mine
 
     other.ack({lease})
-    assert server.zcard("queue_test:lease_deadlines") == 0 and server.hlen("queue_test:leased") == 0
-    assert server.hlen("queue_test:lease_owners") == 0
+    assert server.zcard("{queue_test}:lease_deadlines") == 0 and server.hlen("{queue_test}:leased") == 0
+    assert server.hlen("{queue_test}:lease_owners") == 0
 
 
 def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:

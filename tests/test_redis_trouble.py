@@ -99,6 +99,6 @@ def test_crawl_waits_out_a_redis_restart(clean, tmp_path: Path) -> None:
         assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
         assert_each_product_stored_or_rejected_once(clean.query, catalog)
         after = redis.Redis.from_url(server.url)
-        assert after.zcard("demo:lease_deadlines") == 0 and after.llen("demo:dead") == 0
+        assert after.zcard("{demo}:lease_deadlines") == 0 and after.llen("{demo}:dead") == 0
     finally:
         server.stop()

@@ -28,7 +28,7 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
         _out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
         assert "Spider closed (shutdown)" in err
-        queued = clean.redis().zcard("demo:requests")
+        queued = clean.redis().zcard("{demo}:requests")
         assert queued > 0, "the stop came too late to leave work in the queue"
         stored_first = clean.query("SELECT count(*) FROM products")[0][0]
         assert stored_first < len(catalog.valid_products())
@@ -51,8 +51,8 @@ def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site
     assert "starting run 1 of demo" in first.stderr
     # Only the run's record is left: state finished, and its figures for `scrapy runs`.
     server = clean.redis()
-    assert sorted(server.keys("demo:*")) == [b"demo:run", b"demo:run:1:figures", b"demo:run:1:quality"]
-    assert server.hget("demo:run", "state") == b"finished"
+    assert sorted(server.keys("{demo}:*")) == [b"{demo}:run", b"{demo}:run:1:figures", b"{demo}:run:1:quality"]
+    assert server.hget("{demo}:run", "state") == b"finished"
     site.reset_stats()
     second = crawl(clean, site)
     assert "starting run 2 of demo" in second.stderr

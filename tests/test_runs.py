@@ -107,7 +107,7 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
             first.proc.send_signal(signal.SIGINT)
             log = first.finish()
             assert first.proc.returncode == 0 and "Spider closed (shutdown)" in log, log[-3000:]
-            queued = clean.redis().zcard("demo:requests")
+            queued = clean.redis().zcard("{demo}:requests")
             fetched_first = {p for p, n in site.stats()["requests"].items() if p != "/robots.txt"}
             site.reset_stats()
             second = rerun(env)
@@ -129,10 +129,10 @@ def test_a_silent_node_of_another_host_holds_the_next_run_until_the_node_ttl(cle
     # A run whose only node lives on another machine and has just gone quiet: it may still
     # queue more (join it) or be dead (its run is finished once it stays silent for the TTL).
     server = clean.redis()
-    server.hset("demo:run", mapping={"id": 7, "state": "running", "started": time.time() - 30})
-    server.hset("demo:nodes", "elsewhere:4242:abcdef", time.time())
-    server.hset("demo:nodes:info", "elsewhere:4242:abcdef", '{"host": "elsewhere/boot/1", "pid": 4242}')
-    server.sadd("demo:dupefilter", "stale fingerprint of run 7")
+    server.hset("{demo}:run", mapping={"id": 7, "state": "running", "started": time.time() - 30})
+    server.hset("{demo}:nodes", "elsewhere:4242:abcdef", time.time())
+    server.hset("{demo}:nodes:info", "elsewhere:4242:abcdef", '{"host": "elsewhere/boot/1", "pid": 4242}')
+    server.sadd("{demo}:dupefilter", "stale fingerprint of run 7")
     log = rerun(crawl_env(clean, DEMO_SITE_URL=site.url, RUNS_NODE_TTL="8"))
     assert re.search(r"Waiting for run 7 of demo: 1 live node \(elsewhere:4242;", log), log[-3000:]
     assert "starting run 8 of demo" in log
@@ -146,8 +146,8 @@ def test_fresh_discards_a_stopped_run_and_says_what_it_drops(clean, site: DemoSi
     env = crawl_env(clean, DEMO_SITE_URL=site.url)
     seeded = run_scrapy(env, "seed", "demo", site.url + "c/audio/", site.url + "c/lighting/")
     assert seeded.returncode == 0, seeded.stderr[-2000:]
-    clean.redis().hset("demo:run", mapping={"id": 3, "state": "stopped", "started": time.time() - 60})
-    clean.redis().sadd("demo:dupefilter", "fingerprint of run 3")
+    clean.redis().hset("{demo}:run", mapping={"id": 3, "state": "stopped", "started": time.time() - 60})
+    clean.redis().sadd("{demo}:dupefilter", "fingerprint of run 3")
     result = run_scrapy(env, "crawl", "demo", "--fresh")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Discarded run 3 of demo (--fresh): 2 queued or leased requests dropped" in result.stderr

@@ -295,7 +295,7 @@ def test_four_workers_share_one_budget(clean, api) -> None:
     assert sum(spent) == served["credits"]
     assert sum(1 for _, err in outputs if stat(type("R", (), {"stderr": err})(), "finish_reason")
                == "scraping_api_budget") >= 1
-    assert clean.redis().zcard("demo:requests") > 0  # the rest of the run waits in the queue
+    assert clean.redis().zcard("{demo}:requests") > 0  # the rest of the run waits in the queue
 
 
 def test_a_domain_escalated_by_one_worker_is_escalated_for_all(clean, api) -> None:
@@ -317,9 +317,9 @@ def test_a_domain_escalated_by_one_worker_is_escalated_for_all(clean, api) -> No
         first = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
-        while not clean.redis().smembers("demo:scraping_api:escalated") and time.monotonic() < deadline:
+        while not clean.redis().smembers("{demo}:scraping_api:escalated") and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert clean.redis().smembers("demo:scraping_api:escalated") == {b"127.0.0.1"}
+        assert clean.redis().smembers("{demo}:scraping_api:escalated") == {b"127.0.0.1"}
         before = len(handler.direct)
         second = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)

@@ -138,7 +138,7 @@ def dead_letters(services: Services) -> dict[str, str]:
     """url -> reason of every dead letter."""
     import json
 
-    return {json.loads(raw)["url"]: json.loads(raw)["reason"] for raw in services.redis().lrange("demo:dead", 0, -1)}
+    return {json.loads(raw)["url"]: json.loads(raw)["reason"] for raw in services.redis().lrange("{demo}:dead", 0, -1)}
 
 
 def stat(stderr: str, name: str) -> Any:
@@ -203,7 +203,7 @@ def run_phases(services: Services, shop: DemoSite, api: StandIn, provider: str,
         assert stopped.returncode == 0, stopped.stderr[-3000:]
         assert stat(stopped.stderr, "finish_reason") == reason
         assert "requests left in the shared queue" in stopped.stderr
-        assert services.redis().zcard("demo:requests") > 0  # the queue is kept for the next run
+        assert services.redis().zcard("{demo}:requests") > 0  # the queue is kept for the next run
         assert dead_letters(services) == {}  # a stop is not the page's fault
         assert_key_nowhere(services, stopped.stdout, stopped.stderr)
 
@@ -286,8 +286,8 @@ def test_api_calls_left_by_an_earlier_version_are_deleted_never_sent_or_shown(cl
             "cookies": {}, "encoding": "utf-8"}
     data = serializer.dumps(call)
     r = clean.redis()
-    r.rpush("demo:dead", entry("http 503", 3, call["url"], data))
-    r.zadd("demo:requests", {data: 0})
+    r.rpush("{demo}:dead", entry("http 503", 3, call["url"], data))
+    r.zadd("{demo}:requests", {data: 0})
     env = env_for(clean, shop, api.url, "alterlab")
     listing = run_scrapy(env, "dlq", "list", "demo")
     assert listing.returncode == 0, listing.stderr

@@ -100,7 +100,7 @@ def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -
         held = plateau(site, quiet=3.0, timeout=30)
         assert held - stopped_at <= 2 * (20 + 4 + 8), (stopped_at, held)
         # Requests whose items are not committed stay leased, not acknowledged...
-        leased = clean.redis().hlen("demo:leased")
+        leased = clean.redis().hlen("{demo}:leased")
         assert leased > 0
         # ...so a worker that dies now loses nothing: the survivor gets its requests back.
         workers[0].proc.send_signal(signal.SIGKILL)
@@ -118,8 +118,8 @@ def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -
     assert sorted(pages) == sorted(catalog.pages())
     assert_every_product_once(postgres, catalog)
     redis = clean.redis()
-    assert redis.llen("demo:dead") == 0
-    assert redis.zcard("demo:lease_deadlines") == 0 and redis.hlen("demo:leased") == 0
+    assert redis.llen("{demo}:dead") == 0
+    assert redis.zcard("{demo}:lease_deadlines") == 0 and redis.hlen("{demo}:leased") == 0
 
 
 def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: StoppablePostgres) -> None:
@@ -136,9 +136,9 @@ def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: 
         assert "Traceback" not in log, log[-3000:]
         assert "scrapy dlq requeue demo --reason store" in log  # the way back, told to the operator
         redis = clean.redis()
-        dead = redis.llen("demo:dead")
+        dead = redis.llen("{demo}:dead")
         assert dead > 0
-        assert redis.zcard("demo:requests") > 0  # the rest of the crawl waits in the queue
+        assert redis.zcard("{demo}:requests") > 0  # the rest of the crawl waits in the queue
         listing = run_scrapy(env, "dlq", "list", "demo")
         assert listing.stdout.count("store: database unavailable") == dead, listing.stdout[-2000:]
 
@@ -148,5 +148,5 @@ def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: 
         again = run_scrapy(env, "crawl", "demo", timeout=180)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "Spider closed (finished)" in again.stderr
-    assert redis.llen("demo:dead") == 0
+    assert redis.llen("{demo}:dead") == 0
     assert_every_product_once(postgres, catalog)

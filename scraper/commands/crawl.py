@@ -71,6 +71,7 @@ def _refuse_fresh_while_running(redis_url: str, spider: str, settings: object) -
     from ..redis_client import get_redis
 
     server = get_redis(redis_url)
+    keys.migrate_legacy(server, spider)
     live = NodeRegistry(server, keys.nodes_key(spider), ttl=get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)).live()
     if live:
         run_id = (server.hget(keys.run_key(spider), "id") or b"?").decode()

@@ -20,6 +20,7 @@ from scrapy.commands import ScrapyCommand
 
 from ..queue import serializer
 from ..queue.dead_letters import DeadLetters
+from ..queue import keys
 from ..redis_client import get_redis
 from . import SpiderName, backends_or_report, report_error, spider_or_report
 
@@ -93,7 +94,9 @@ class Command(ScrapyCommand):
         found = backends_or_report(self, need_postgres=False)
         if found is None:
             return
-        letters = DeadLetters(get_redis(found.redis_url), SpiderName(spider))
+        server = get_redis(found.redis_url)
+        keys.migrate_legacy(server, spider)
+        letters = DeadLetters(server, SpiderName(spider))
         leaked = letters.purge_api_calls()
         if leaked:
             print(f"warning: deleted {leaked} dead letter(s) that were scraping-API calls recorded by an earlier "

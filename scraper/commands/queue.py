@@ -86,6 +86,8 @@ class Command(ScrapyCommand):
             return
         server = get_redis(found.redis_url)
         names = args or sorted(get_spider_loader(self.settings).list())
+        for name in names:
+            keys.migrate_legacy(server, name)
         try:
             while True:
                 before = {n: snapshot(server, n, settings=self.settings) for n in names}

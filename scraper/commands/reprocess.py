@@ -26,6 +26,7 @@ from ..archive.replay import select_records
 from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
+from ..queue import keys
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue
 from ..redis_client import get_redis
@@ -124,7 +125,7 @@ class Command(ScrapyCommand):
         for setting, overrides in (("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
                                    ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES), ("EXTENSIONS", EXTENSION_OVERRIDES)):
             crawler.settings.set(setting, {**crawler.settings.getdict(setting), **overrides}, priority="cmdline")
-        items_key = f"{name}:items:reprocess:{uuid.uuid4().hex[:8]}"
+        items_key = keys.items_reprocess_key(name, uuid.uuid4().hex[:8])
         crawler.settings.set("ARCHIVE_REPLAY_ITEMS_KEY", items_key, priority="cmdline")
         crawler.settings.set("ARCHIVE_REPLAY_FOLLOW", opts.follow, priority="cmdline")
         crawler.replay_records = records

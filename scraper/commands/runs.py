@@ -103,6 +103,8 @@ class Command(ScrapyCommand):
             return
         server = get_redis(found.redis_url)
         spiders = args or sorted(get_spider_loader(self.settings).list())
+        for name in spiders:
+            keys.migrate_legacy(server, name)
         conn = record.connect(found.database_url)
         try:
             rows = merged_runs(server, conn, spiders, get_float(self.settings, "RUNS_NODE_TTL", 60.0, minimum=1),

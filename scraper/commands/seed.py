@@ -24,6 +24,7 @@ from w3lib.url import is_url
 from . import backends_or_report, report_error, spider_or_report
 from ..config import ConfigError
 from ..queue.dupefilter import make_store
+from ..queue import keys
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue, score_for
 from ..redis_client import get_redis
@@ -83,6 +84,7 @@ class Command(ScrapyCommand):
         spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl
         spider.name = name
         server = get_redis(found.redis_url)
+        keys.migrate_legacy(server, name)
         try:
             store = make_store(server, name, self.settings)
         except ConfigError as exc:

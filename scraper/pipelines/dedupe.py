@@ -22,7 +22,7 @@ from twisted.internet import task
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..redis_batcher import RedisBatcher
-from ..redis_client import UNREACHABLE, get_redis
+from ..redis_client import UNREACHABLE, get_redis, register_script
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class DedupePipeline:
         self.crawler = crawler
         server = get_redis(crawler.settings["REDIS_URL"])
         self.batcher = RedisBatcher(server)
-        self.claim = server.register_script(_CLAIM)
+        self.claim = register_script(server, _CLAIM)
         self._local: dict[bytes, str] = {}
         self._last_warning = float("-inf")
 

@@ -89,7 +89,8 @@ class Command:
     args: tuple[Any, ...]
 
     def add(self, pipe: Any) -> Any:
-        return pipe.eval(self.script, len(self.keys), *self.keys, *self.args)
+        # EVAL by name: redis-py's cluster pipeline has no eval() method.
+        return pipe.execute_command("EVAL", self.script, len(self.keys), *self.keys, *self.args)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A run's quality figures in Redis: each node's last snapshot, summed into the fleet's.
 
-Kept apart from the run's bookkeeping figures (``<spider>:run:<id>:figures``) because they are
+Kept apart from the run's bookkeeping figures (``{<spider>}:run:<id>:figures``) because they are
 many (a count per field, per price bucket) and of interest only here, but summed the same way:
 each node writes its whole cumulative snapshot under its node id, so a node killed with SIGKILL
 still counts for what it reported last, and a resumed run adds the new nodes to the old ones.
@@ -15,7 +15,9 @@ from ..runs.state import FIGURES_KEEP
 
 
 def quality_key(spider_name: str, run_id: int) -> str:
-    return f"{spider_name}:run:{run_id}:quality"
+    from ..queue.keys import run_quality_key
+
+    return run_quality_key(spider_name, run_id)
 
 
 def write(server: Any, spider_name: str, run_id: int, node_id: str, figures: dict[str, float]) -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ConfigError, get_float, get_int
+from ..redis_client import register_script
 from .generations import GenerationalClaims, Generations
 
 logger = logging.getLogger(__name__)
@@ -175,9 +176,9 @@ class BloomSeen(GenerationalClaims):
         self.params_key = f"{key}:params"
         self.bloom = bloom
         self.generations = Generations(server, expiry)
-        self._claim = server.register_script(_CLAIM)
-        self._adopt = server.register_script(_ADOPT)
-        self._reserve = server.register_script(_RESERVE)
+        self._claim = register_script(server, _CLAIM)
+        self._adopt = register_script(server, _ADOPT)
+        self._reserve = register_script(server, _RESERVE)
         self._generation: int | None = None
         self._fill_checked = time.monotonic()
         self._overfull_warned: int | None = None

@@ -73,7 +73,7 @@ class DeadLetters:
             return 1
         data = self.queue._encode_request(request)
         ident = identity(request)
-        with self.server.pipeline() as pipe:
+        with self.server.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(self.index_key)
@@ -137,14 +137,14 @@ class DeadLetters:
             letter = json.loads(raw)
             if reason and not str(letter.get("reason", "")).startswith(reason):
                 continue
-            pipe = self.server.pipeline()
+            pipe = self.server.pipeline(transaction=True)
             if not action(pipe, letter):
                 continue
             pipe.lrem(self.key, 1, raw)
             ident = _identity_of(letter) if forget else None
             if ident:
                 # Only if the index still points at this very entry.
-                pipe.eval(_HDEL_IF, 1, self.index_key, ident, raw)
+                pipe.execute_command("EVAL", _HDEL_IF, 1, self.index_key, ident, raw)
             pipe.execute()
             taken += 1
         return taken

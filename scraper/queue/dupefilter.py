@@ -27,6 +27,7 @@ from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 from ..config import ConfigError, get_choice, get_float
+from ..redis_client import register_script
 from . import keys
 from .bloom import BloomFilter, BloomSeen
 from .generations import GenerationalClaims, Generations
@@ -82,7 +83,7 @@ class SeenSet(GenerationalClaims):
         self.server = server
         self.base = key
         self.generations = Generations(server, expiry)
-        self._claim = server.register_script(_CLAIM)
+        self._claim = register_script(server, _CLAIM)
 
     @property
     def expiry(self) -> float:
@@ -125,7 +126,8 @@ def make_store(server: Any, spider_name: str, settings: Any) -> SeenSet | BloomS
     config = seen_config(settings)
     if config.backend == "bloom":
         return BloomSeen(server, keys.bloom_key(spider_name), config.bloom, config.expiry)
-    key = (settings.get("SCHEDULER_DUPEFILTER_KEY") or "%(spider)s:dupefilter") % {"spider": spider_name}
+    custom = settings.get("SCHEDULER_DUPEFILTER_KEY")
+    key = custom % {"spider": spider_name} if custom else keys.dupefilter_key(spider_name)
     return SeenSet(server, key, config.expiry)
 
 

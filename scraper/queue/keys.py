@@ -1,50 +1,101 @@
-"""Names of the Redis keys one spider's crawl uses, in one place."""
+"""Names of the Redis keys one spider's crawl uses, in one place.
+
+Every key of a spider starts with ``{<spider>}``: a Redis Cluster hash tag, so that all of a
+spider's keys live in one hash slot and the Lua scripts that touch several of them at once (take
+a lease, claim a URL and queue it, begin or leave a run) run on a cluster too. On a single Redis
+the braces are only characters. Keys written by versions before the tag (``<spider>:requests``)
+are renamed once by :func:`migrate_legacy`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Suffixes of the keys a spider had before hash tags (``<spider>:<suffix>[...]``).
+_LEGACY_SUFFIXES = ("requests", "dupefilter", "bloom", "items:", "nodes", "dead", "scraping_api:", "run",
+                    "leased", "lease_deadlines", "redeliveries", "lease_owners", "responses")
+
+
+#: Keys one of which any crawl of an earlier version left behind.
+_LEGACY_MARKERS = ("run", "requests", "dead", "leased", "lease_deadlines", "dupefilter", "bloom:params",
+                   "items:seen", "nodes")
+
+
+def prefix(spider_name: str) -> str:
+    """The start of every key of *spider_name*: its hash tag."""
+    return "{" + spider_name + "}"
 
 
 def queue_key(spider_name: str) -> str:
-    return f"{spider_name}:requests"
+    return f"{prefix(spider_name)}:requests"
 
 
 def dupefilter_key(spider_name: str) -> str:
-    return f"{spider_name}:dupefilter"
+    return f"{prefix(spider_name)}:dupefilter"
 
 
 def bloom_key(spider_name: str) -> str:
     """The Bloom filter (``DUPEFILTER_BACKEND=bloom``); ``:<generation>`` is appended with an
     expiry, and its shape is kept in ``<key>:params``."""
-    return f"{spider_name}:bloom"
+    return f"{prefix(spider_name)}:bloom"
 
 
 def items_seen_key(spider_name: str) -> str:
-    return f"{spider_name}:items:seen"
+    return f"{prefix(spider_name)}:items:seen"
+
+
+def items_reprocess_key(spider_name: str, token: str) -> str:
+    """Item claims of one ``scrapy reprocess`` (apart from the live crawl's)."""
+    return f"{prefix(spider_name)}:items:reprocess:{token}"
 
 
 def nodes_key(spider_name: str) -> str:
-    return f"{spider_name}:nodes"
+    return f"{prefix(spider_name)}:nodes"
 
 
 def dead_key(spider_name: str) -> str:
-    return f"{spider_name}:dead"
-
-
-def escalated_key(spider_name: str) -> str:
-    """Domains the scraping API's ``on_block`` route moved to the API in this run."""
-    return f"{spider_name}:scraping_api:escalated"
-
-
-def run_key(spider_name: str) -> str:
-    """The spider's current run: id, state, started/stopped/finished times, last reason."""
-    return f"{spider_name}:run"
-
-
-def run_figures_key(spider_name: str, run_id: int) -> str:
-    """Each node's figures for run *run_id* (node id -> JSON), summed into the run's figures."""
-    return f"{spider_name}:run:{run_id}:figures"
+    return f"{prefix(spider_name)}:dead"
 
 
 def dead_index_key(spider_name: str) -> str:
     """Request identity -> its entry in :func:`dead_key`: one dead letter per request."""
-    return f"{spider_name}:dead:index"
+    return f"{prefix(spider_name)}:dead:index"
+
+
+def lease_keys(spider_name: str) -> dict[str, str]:
+    """The leases of taken requests (see :mod:`.leases`): request data, deadlines, redelivery
+    counts and owners, by lease id."""
+    p = prefix(spider_name)
+    return {"leased": f"{p}:leased", "deadlines": f"{p}:lease_deadlines", "redeliveries": f"{p}:redeliveries",
+            "owners": f"{p}:lease_owners"}
+
+
+def escalated_key(spider_name: str) -> str:
+    """Domains the scraping API's ``on_block`` route moved to the API in this run."""
+    return f"{prefix(spider_name)}:scraping_api:escalated"
+
+
+def budget_base_key(spider_name: str) -> str:
+    """The scraping API's shared budget (``:spent``, ``:deadlines``, ``:amounts``)."""
+    return f"{prefix(spider_name)}:scraping_api:budget"
+
+
+def run_key(spider_name: str) -> str:
+    """The spider's current run: id, state, started/stopped/finished times, last reason."""
+    return f"{prefix(spider_name)}:run"
+
+
+def run_figures_key(spider_name: str, run_id: int) -> str:
+    """Each node's figures for run *run_id* (node id -> JSON), summed into the run's figures."""
+    return f"{run_key(spider_name)}:{run_id}:figures"
+
+
+def run_quality_key(spider_name: str, run_id: int) -> str:
+    """The data-quality figures of run *run_id*."""
+    return f"{run_key(spider_name)}:{run_id}:quality"
 
 
 def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
@@ -57,3 +108,38 @@ def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> l
 
     seen = [dupefilter_key(spider_name)] if seen_keys is None else seen_keys
     return [*seen, items_seen_key(spider_name), escalated_key(spider_name), *budget_keys(spider_name)]
+
+
+def migrate_legacy(server: Any, spider_name: str) -> int:
+    """Rename the keys an earlier version wrote without the hash tag; returns how many.
+
+    Only on a single Redis (a cluster never held them: they could not have worked there), and
+    only keys whose tagged name is free, so running it twice, or on a fleet, is harmless."""
+    if is_cluster(server):
+        return 0
+    old = f"{spider_name}:"
+    # A spider that ever ran has its run record; checking it first spares a scan of the keyspace.
+    if not server.exists(*(old + name for name in _LEGACY_MARKERS)):
+        return 0
+    renamed = 0
+    for raw in server.scan_iter(match=_glob_escape(old) + "*", count=1000):
+        name = raw.decode() if isinstance(raw, bytes) else raw
+        rest = name[len(old):]
+        if not rest.startswith(_LEGACY_SUFFIXES):
+            continue
+        if server.renamenx(name, f"{prefix(spider_name)}:{rest}"):
+            renamed += 1
+    if renamed:
+        logger.info("Renamed %d Redis keys of %s written by an earlier version (now %s:...)",
+                    renamed, spider_name, prefix(spider_name))
+    return renamed
+
+
+def is_cluster(server: Any) -> bool:
+    from redis.cluster import RedisCluster
+
+    return isinstance(server, RedisCluster)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,6 +1,6 @@
 """At-least-once delivery: a request taken from the shared queue is leased, not deleted.
 
-Taking a request moves it, atomically, into a lease (``<spider>:leased`` holds it, ``<spider>:
+Taking a request moves it, atomically, into a lease (``{<spider>}:leased`` holds it, ``{<spider>}:
 lease_deadlines`` when the lease runs out). The scheduler acknowledges a lease once the engine has
 finished with its request (downloaded, called back, every item through the pipelines, which pass
 an item on only after its commit), and renews the leases it still holds. A worker that dies stops
@@ -14,6 +14,9 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Any
+
+from ..redis_client import register_script
+from . import keys
 
 #: Signal (``request=``): a component could not finish with this request safely (e.g. it could
 #: not write its dead letter while Redis was away). Its lease is then neither acknowledged nor
@@ -101,16 +104,17 @@ class Leases:
         self.ttl = ttl
         self.max_redeliveries = max_redeliveries
         self.pending_key = queue_key
-        self.leased_key = f"{spider_name}:leased"
-        self.deadlines_key = f"{spider_name}:lease_deadlines"
-        self.redeliveries_key = f"{spider_name}:redeliveries"
-        self.owners_key = f"{spider_name}:lease_owners"
+        names = keys.lease_keys(spider_name)
+        self.leased_key = names["leased"]
+        self.deadlines_key = names["deadlines"]
+        self.redeliveries_key = names["redeliveries"]
+        self.owners_key = names["owners"]
         self.dead_key = dead_key
         self.owner = owner or uuid.uuid4().hex
         self.mine: set[str] = set()
-        self._take = server.register_script(_TAKE)
-        self._owned = server.register_script(_OWNED)
-        self._reap = server.register_script(_REAP)
+        self._take = register_script(server, _TAKE)
+        self._owned = register_script(server, _OWNED)
+        self._reap = register_script(server, _REAP)
         self._last_renewal = 0.0
 
     def take(self, count: int) -> list[tuple[str, float, bytes]]:

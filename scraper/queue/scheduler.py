@@ -57,9 +57,9 @@ class SharedScheduler(Scheduler):
             server=get_redis(settings["REDIS_URL"]),
             persist=True,
             flush_on_start=get_bool(settings, "SCHEDULER_FLUSH_ON_START", False),
-            queue_key=settings.get("SCHEDULER_QUEUE_KEY") or "%(spider)s:requests",
+            queue_key=settings.get("SCHEDULER_QUEUE_KEY") or keys.queue_key("%(spider)s"),
             queue_cls=settings.get("SCHEDULER_QUEUE_CLASS") or "scraper.queue.queues.PriorityQueue",
-            dupefilter_key=settings.get("SCHEDULER_DUPEFILTER_KEY") or "%(spider)s:dupefilter",
+            dupefilter_key=settings.get("SCHEDULER_DUPEFILTER_KEY") or keys.dupefilter_key("%(spider)s"),
             serializer=importlib.import_module(settings.get("SCHEDULER_SERIALIZER") or "scraper.queue.serializer"),
         )
         instance.crawler = crawler
@@ -78,6 +78,7 @@ class SharedScheduler(Scheduler):
         return instance
 
     def open(self, spider: Spider) -> None:
+        keys.migrate_legacy(self.server, spider.name)
         self.df = SharedDupeFilter(
             self.server,
             key=self.dupefilter_key % {"spider": spider.name},

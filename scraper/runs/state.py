@@ -31,6 +31,7 @@ from typing import Any
 
 from ..queue import keys
 from ..queue.nodes import NodeRegistry
+from ..redis_client import register_script
 
 #: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).
 FIGURES_KEEP = 7 * 24 * 3600
@@ -55,7 +56,7 @@ for i = 1, #all, 2 do
 end
 local function finish(id, reason)
   redis.call('HSET', KEYS[1], 'state', 'finished', 'finished', now, 'reason', reason)
-  -- The figures key is derived from the run id (single-instance Redis, as everywhere here).
+  -- The figures key is derived from the run id; it shares the run key's hash tag (one slot).
   redis.call('EXPIRE', ARGV[6] .. id .. ':figures', ARGV[7])
 end
 """
@@ -161,8 +162,8 @@ class RunState:
         self.key = keys.run_key(spider_name)
         self.figures_prefix = f"{self.key}:"
         self.run_id = 0
-        self._begin = server.register_script(_BEGIN)
-        self._leave = server.register_script(_LEAVE)
+        self._begin = register_script(server, _BEGIN)
+        self._leave = register_script(server, _LEAVE)
 
     def _lease_keys(self) -> list[str]:
         from ..queue.leases import Leases

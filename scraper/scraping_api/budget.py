@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..redis_client import register_script
+
 logger = logging.getLogger(__name__)
 
 
@@ -99,7 +101,9 @@ return redis.call('GET', KEYS[1]) or '0'
 
 
 def budget_keys(spider_name: str) -> list[str]:
-    base = f"{spider_name}:scraping_api:budget"
+    from ..queue.keys import budget_base_key
+
+    base = budget_base_key(spider_name)
     return [f"{base}:spent", f"{base}:deadlines", f"{base}:amounts"]
 
 
@@ -112,8 +116,8 @@ class SharedBudget(Budget):
         super().__init__(limit)
         self.server = server
         self.keys = budget_keys(spider_name)
-        self._reserve = server.register_script(_RESERVE)
-        self._settle = server.register_script(_SETTLE)
+        self._reserve = register_script(server, _RESERVE)
+        self._settle = register_script(server, _SETTLE)
         self._fleet_spent = 0.0
         self._fleet_reserved = 0.0
 

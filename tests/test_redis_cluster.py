@@ -1,0 +1,98 @@
+"""The whole pipeline on a real local Redis Cluster (3 masters + 3 replicas), and a failover.
+
+Every key of a spider carries its hash tag (``{demo}:...``), so one spider's queue, leases,
+seen-set, runs and dead letters share one slot (one master); the politeness keys are per domain
+and land wherever their domain hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Iterator
+
+import psycopg2
+import pytest
+import redis
+
+from conftest import Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, run_scrapy_many
+from redis_cluster import LocalCluster
+from scraper.demo_site import Catalog, DemoSite
+from test_metrics import start_crawl, wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    running = LocalCluster().start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def on_cluster(clean: Services, cluster: LocalCluster) -> Services:
+    cluster.wait_ok()
+    cluster.flushall()
+    return Services(cluster.url, clean.database_url)
+
+
+def spider_keys(cluster: LocalCluster) -> dict[int, list[bytes]]:
+    return {port: [k for k in names if k.startswith(b"{demo}")] for port, names in cluster.keys_by_master().items()}
+
+
+def test_two_workers_crawl_the_demo_shop_through_a_cluster(on_cluster: Services, cluster: LocalCluster) -> None:
+    catalog = Catalog(products=120)
+    with DemoSite(catalog, delay_ms=20) as site:
+        env = crawl_env(on_cluster, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8")
+        workers = run_scrapy_many(env, ("crawl", "demo"), ("crawl", "demo"), timeout=240)
+        counts = site.stats()["requests"]
+    for worker in workers:
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        assert "Traceback" not in worker.stderr, worker.stderr[-3000:]
+    assert any("Spider closed (finished)" in w.stderr for w in workers)
+    # Every page was fetched exactly once between the two workers.
+    pages = {p: n for p, n in counts.items() if p != "/robots.txt"}
+    assert sorted(pages) == sorted(catalog.pages()) and max(pages.values()) == 1
+    assert_each_product_stored_or_rejected_once(on_cluster.query, catalog)
+
+    # The spider's keys (the run's record, its figures) sit on the one master of its hash slot.
+    home = cluster.master_of("{demo}")
+    where = spider_keys(cluster)
+    assert where[home] and all(not names for port, names in where.items() if port != home), where
+    run = cluster.node(home).hgetall("{demo}:run")
+    assert run[b"state"] == b"finished", run
+
+    # The operator commands read the same keys through the cluster.
+    queue = run_scrapy(env, "queue", "demo", "--json")
+    assert queue.returncode == 0, queue.stderr[-2000:]
+    assert json.loads(queue.stdout.strip().splitlines()[-1])["depth"] == 0
+    runs = run_scrapy(env, "runs", "demo", "--json")
+    assert runs.returncode == 0 and '"state": "finished"' in runs.stdout, runs.stderr[-2000:]
+
+
+def test_keys_of_an_earlier_version_are_renamed_once(clean: Services) -> None:
+    from scraper.queue import keys
+    from scraper.redis_client import get_redis
+
+    server = get_redis(clean.redis_url)
+    server.zadd("demo:requests", {b'{"url": "http://127.0.0.1/a"}': 1})
+    server.hset("demo:run", mapping={"id": 4, "state": "stopped"})
+    server.sadd("demo:dupefilter:19", "fp")
+    server.set("demo_other:requests", "not ours")  # another spider whose name starts alike
+    server.hset("{demo}:nodes", "n", 1)  # a tagged key already there is never overwritten
+    server.hset("demo:nodes", "old", 1)
+
+    assert keys.migrate_legacy(server, "demo") == 3
+    assert server.zcard("{demo}:requests") == 1 and server.hget("{demo}:run", "id") == b"4"
+    assert server.smembers("{demo}:dupefilter:19") == {b"fp"}
+    assert server.exists("demo_other:requests") and server.hgetall("{demo}:nodes") == {b"n": b"1"}
+    assert server.exists("demo:nodes")
+    assert keys.migrate_legacy(server, "demo") == 0
+
+    # `scrapy queue` renames them too, so the first command after an upgrade shows the old queue.
+    server.zadd("demo:requests", {b'{"url": "http://127.0.0.1/b"}': 1})
+    server.delete("{demo}:requests")
+    shown = run_scrapy(crawl_env(clean), "queue", "demo", "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout.strip().splitlines()[-1])["depth"] == 1
