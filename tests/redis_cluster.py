@@ -79,7 +79,9 @@ class LocalCluster:
             [self.server_bin, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
              "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout_ms),
              "--appendonly", "no", "--save", "", "--dir", str(folder), "--daemonize", "no",
-             "--protected-mode", "no", "--logfile", str(folder / "redis.log")],
+             "--protected-mode", "no", "--logfile", str(folder / "redis.log"),
+             # A replica promoted before its first full sync would hold nothing: sync at once.
+             "--repl-diskless-sync-delay", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -98,18 +100,24 @@ class LocalCluster:
         return redis.Redis(port=port, socket_timeout=2)
 
     def wait_ok(self, timeout: float = 60) -> None:
-        """Until every live node says the cluster is ok and agrees on 3 reachable masters."""
+        """Until every live node says the cluster is ok, 3 masters are reachable, and every live
+        replica's link to its master is up (a replica that never synced cannot take over)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 if all(b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
-                       for p in self.live_ports()) and len(self.masters()) == self.count // (1 + self.replicas):
+                       for p in self.live_ports()) and len(self.masters()) == self.count // (1 + self.replicas) \
+                        and all(self._synced(p) for p in self.live_ports()):
                     return
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError("the local Redis Cluster did not reach cluster_state:ok")
             time.sleep(0.1)
+
+    def _synced(self, port: int) -> bool:
+        info = self.node(port).info("replication")
+        return info.get("role") == "master" or info.get("master_link_status") == "up"
 
     def live_ports(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.poll() is None]

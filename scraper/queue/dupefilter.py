@@ -199,6 +199,10 @@ class SharedDupeFilter(RFPDupeFilter):
         self.store.clear()
         self._local.clear()
 
+    def forget_local(self) -> None:
+        """Drop the local pre-check: Redis alone answers until this process has seen links again."""
+        self._local.clear()
+
     def close(self, reason: str = "") -> None:
         # Never delete the shared state here: other nodes are still using it.
         self._local.clear()

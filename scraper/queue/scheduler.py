@@ -389,6 +389,9 @@ class SharedScheduler(Scheduler):
 
     def _redis_down(self, exc: Exception) -> None:
         self.stats.inc_value("scheduler/redis_errors")
+        # A Redis (or cluster master) that comes back may have lost its last writes, seen-set
+        # claims among them: this process must not go on filtering those links by its own memory.
+        self.df.forget_local()
         now = time.monotonic()
         # After an outage every node's leases look expired until their owners renew them:
         # give them a lease period to do so before reaping anything.
