@@ -76,6 +76,20 @@ def get_redis(url: str) -> Any:
         return client
 
 
+def pipeline_eval(pipe: Any, script: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+    """Queue ``EVAL script`` on *pipe*, a plain or a cluster pipeline (which has no ``eval()``)."""
+    from redis.cluster import ClusterPipeline
+
+    keys = list(keys)
+    options = {}
+    if isinstance(pipe, ClusterPipeline) and keys:
+        # Routed by its first key here: without a target, redis-py asks the server for the keys
+        # of every EVAL in a pipeline (COMMAND GETKEYS), a round trip per script call. A MOVED
+        # answer (resharding, failover) is retried by the pipeline's normal routing.
+        options["target_nodes"] = pipe.get_node_from_key(keys[0])
+    return pipe.execute_command("EVAL", script, len(keys), *keys, *args, **options)
+
+
 class _Script(Script):
     """A Lua script that also runs in a cluster pipeline, where redis-py refuses EVALSHA."""
 
@@ -84,8 +98,7 @@ class _Script(Script):
         from redis.cluster import ClusterPipeline
 
         if isinstance(client, ClusterPipeline):
-            keys = list(keys or ())
-            return client.execute_command("EVAL", self.script, len(keys), *keys, *(args or ()))
+            return pipeline_eval(client, self.script, keys or (), args or ())
         return super().__call__(keys, args, client)
 
 

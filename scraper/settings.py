@@ -28,6 +28,10 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``SCHEDULER_MAX_LEASES``    Leases one node holds at most (2 x ``CONCURRENT_REQUESTS``; 0: no
                             cap): at the cap it takes no more and has its pending rows
                             committed now, so a killed node costs at most that many refetches.
+``SCHEDULER_SHARDS``        Shards of one spider's frontier (queue, leases, seen-set), by the
+                            domain of each request, each under its own Redis Cluster hash tag
+                            so that one crawl spreads over every master (1: unsharded). Fixed
+                            for a run: a stopped run resumes with the count it started with.
 ``RUNS_NODE_TTL``           Seconds without a heartbeat after which a node of another host
                             counts as gone (60); a node of this host whose process is gone
                             counts as gone at once. A run with no node left, nothing queued
@@ -180,6 +184,8 @@ SCHEDULER_PREFETCH = _env("SCHEDULER_PREFETCH", "4")
 SCHEDULER_LEASE_TIMEOUT = _env("SCHEDULER_LEASE_TIMEOUT", "60")
 # A request redelivered this many times (its workers keep dying) becomes a dead letter.
 SCHEDULER_MAX_REDELIVERIES = _env("SCHEDULER_MAX_REDELIVERIES", "5")
+# Shards of one spider's frontier, by domain, each under its own hash tag (1: unsharded).
+SCHEDULER_SHARDS = _env("SCHEDULER_SHARDS", "1")
 if _env("SCHEDULER_MAX_LEASES") is not None:  # unset: twice CONCURRENT_REQUESTS, however that is set
     SCHEDULER_MAX_LEASES = _env("SCHEDULER_MAX_LEASES")
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"

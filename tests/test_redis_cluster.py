@@ -71,6 +71,49 @@ def test_two_workers_crawl_the_demo_shop_through_a_cluster(on_cluster: Services,
     assert runs.returncode == 0 and '"state": "finished"' in runs.stdout, runs.stderr[-2000:]
 
 
+def test_a_sharded_frontier_spreads_one_spider_over_every_master(on_cluster: Services, cluster: LocalCluster) -> None:
+    """SCHEDULER_SHARDS=3: three shops on three hosts (127.0.0.1-3, loopback), whose domains land
+    in three shards, one per master; two workers crawl them all, each page once."""
+    from scraper.queue.shards import Shards
+
+    shards = Shards("demo", 3)
+    catalog = Catalog(products=60)
+    with DemoSite(catalog, delay_ms=80) as one, DemoSite(catalog, host="127.0.0.2", delay_ms=80) as two, \
+            DemoSite(catalog, host="127.0.0.3", delay_ms=80) as three:
+        sites = (one, two, three)
+        assert sorted(shards.of_url(site.url) for site in sites) == [0, 1, 2]
+        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3")
+        seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
+        assert seeded.returncode == 0 and "queued 2 start URL(s)" in seeded.stdout, seeded.stderr[-2000:]
+        workers = [start_crawl(env) for _ in range(2)]
+        # While they crawl, each master holds one shard: its queue, leases and seen-set.
+        spread = wait_for(lambda: _shards_on_masters(cluster, shards), timeout=60, step=0.1)
+        logs = [w.communicate(timeout=240)[1] for w in workers]
+        counts = [site.stats()["requests"] for site in sites]
+    for worker, log in zip(workers, logs):
+        assert worker.returncode == 0, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    assert len(spread) == 3, spread
+    for requests in counts:
+        pages = {p: n for p, n in requests.items() if p != "/robots.txt"}
+        assert sorted(pages) == sorted(catalog.pages()) and max(pages.values()) == 1
+    # The three shops sell the same products: each stored once, the copies counted as duplicates.
+    assert_each_product_stored_or_rejected_once(on_cluster.query, catalog)
+    run = cluster.node(cluster.master_of("{demo}")).hgetall("{demo}:run")
+    assert run[b"state"] == b"finished" and run[b"shards"] == b"3", run
+    # Finished: the shards' seen-sets were dropped with the run, nothing is left queued or leased.
+    assert not [k for names in cluster.keys_by_master().values() for k in names if k.startswith(b"{demo/")]
+
+
+def _shards_on_masters(cluster: LocalCluster, shards) -> dict[int, str]:
+    found = {}
+    for port, names in cluster.keys_by_master().items():
+        tags = {n.split(b"}")[0].decode() + "}" for n in names if n.startswith(b"{demo/")}
+        if tags:
+            found[port] = ",".join(sorted(tags))
+    return found if len(found) == 3 else {}
+
+
 def test_keys_of_an_earlier_version_are_renamed_once(clean: Services) -> None:
     from scraper.queue import keys
     from scraper.redis_client import get_redis

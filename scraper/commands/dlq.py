@@ -20,7 +20,7 @@ from scrapy.commands import ScrapyCommand
 
 from ..queue import serializer
 from ..queue.dead_letters import DeadLetters
-from ..queue import keys
+from ..queue import keys, shards
 from ..redis_client import get_redis
 from . import SpiderName, backends_or_report, report_error, spider_or_report
 
@@ -96,7 +96,7 @@ class Command(ScrapyCommand):
             return
         server = get_redis(found.redis_url)
         keys.migrate_legacy(server, spider)
-        letters = DeadLetters(server, SpiderName(spider))
+        letters = DeadLetters(server, SpiderName(spider), shards.for_spider(server, spider, self.settings))
         leaked = letters.purge_api_calls()
         if leaked:
             print(f"warning: deleted {leaked} dead letter(s) that were scraping-API calls recorded by an earlier "

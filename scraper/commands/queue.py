@@ -22,7 +22,7 @@ from . import SpiderName, backends_or_report, spider_or_report
 from ..config import ConfigError
 from ..queue import keys
 from ..queue.dupefilter import seen_config, seen_size
-from ..queue.queues import PriorityQueue
+from ..queue.queues import frontier
 from ..redis_client import get_redis
 
 NODE_TTL = 60.0
@@ -31,7 +31,7 @@ NODE_TTL = 60.0
 
 def snapshot(server: Any, name: str, now: float | None = None, settings: Any = None) -> dict[str, Any]:
     now = time.time() if now is None else now
-    queue = PriorityQueue(server, SpiderName(name), keys.queue_key(name))
+    queue = frontier(server, SpiderName(name), settings)
     beats = {k.decode(): float(v) for k, v in server.hgetall(keys.nodes_key(name)).items()}
     live = {node for node, beat in beats.items() if beat >= now - NODE_TTL}
     infos = [json.loads(v) for k, v in server.hgetall(f"{keys.nodes_key(name)}:info").items() if k.decode() in live]

@@ -27,8 +27,7 @@ from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
 from ..queue import keys
-from ..queue.keys import queue_key
-from ..queue.queues import PriorityQueue
+from ..queue.queues import frontier
 from ..redis_client import get_redis
 
 REPLAY_SETTINGS = {
@@ -159,7 +158,7 @@ class Command(ScrapyCommand):
             conn.close()
         new = [r for url, r in requests.items() if url not in archived]
         server = get_redis(found.redis_url)  # type: ignore[attr-defined]
-        queue = PriorityQueue(server, crawler.spider, queue_key(name))  # type: ignore[attr-defined]
+        queue = frontier(server, crawler.spider, self.settings)  # type: ignore[attr-defined]
         for request in new:
             queue.push(request)
         print(f"reprocess: {len(new)} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived)",

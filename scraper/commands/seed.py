@@ -23,7 +23,8 @@ from w3lib.url import is_url
 
 from . import backends_or_report, report_error, spider_or_report
 from ..config import ConfigError
-from ..queue.dupefilter import make_store
+from ..queue import shards
+from ..queue.dupefilter import make_stores
 from ..queue import keys
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue, score_for
@@ -86,12 +87,13 @@ class Command(ScrapyCommand):
         server = get_redis(found.redis_url)
         keys.migrate_legacy(server, name)
         try:
-            store = make_store(server, name, self.settings)
+            frontier = shards.for_spider(server, name, self.settings)
+            stores = make_stores(server, name, self.settings, frontier)
         except ConfigError as exc:
             return report_error(self, str(exc))
         # The crawl's own fingerprints, so that a seed and a link to the same page are one page.
         fingerprinter = load_object(self.settings["REQUEST_FINGERPRINTER_CLASS"])()
-        queue = PriorityQueue(server, spider, queue_key(name))
+        queue = PriorityQueue(server, spider, queue_key(name), shards=frontier)
         queued = seen = 0
         repeated: list[str] = []
         # Pipelined in chunks: one round trip per thousand URLs instead of one per URL.
@@ -116,9 +118,10 @@ class Command(ScrapyCommand):
             data = queue._encode_request(request)
             score = score_for(opts.priority)
             # Claimed, and queued if new, in one atomic step, as the scheduler does with links.
-            store.push_if_new(pipe, fingerprinter.fingerprint(request).hex(), queue.key, score, data)
+            shard = frontier.of_url(url)
+            stores[shard].push_if_new(pipe, fingerprinter.fingerprint(request).hex(), queue.keys[shard], score, data)
             if opts.force:
-                pipe.zadd(queue.key, {data: score})  # the same entry if the claim queued it
+                pipe.zadd(queue.keys[shard], {data: score})  # the same entry if the claim queued it
             chunk.append(url)
             if done % 1000 == 0:
                 send()

@@ -13,8 +13,7 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from ..queue.keys import queue_key
-from ..queue.queues import PriorityQueue
+from ..queue.queues import frontier
 from ..redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class ProgressLog:
     def spider_opened(self, spider: Any) -> None:
         from twisted.internet import task
 
-        self.queue = PriorityQueue(self.server, spider, queue_key(spider.name))
+        self.spider = spider
         self._task = task.LoopingCall(self.log)
         self._task.start(self.interval, now=False)
 
@@ -58,7 +57,8 @@ class ProgressLog:
         items_rate = (items - self._last[1]) * per_minute
         self._last = (pages, items)
         try:
-            depth, age = len(self.queue), self.queue.oldest_age()
+            frontier_queue = frontier(self.server, self.spider, self.crawler.settings)
+            depth, age = len(frontier_queue), frontier_queue.oldest_age()
             queue = f"queue {depth} (oldest {age:.0f} s)"
         except Exception as exc:  # progress must not take the crawl down
             queue = f"queue unavailable ({exc})"

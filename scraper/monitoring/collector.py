@@ -139,8 +139,7 @@ def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
     """Read the shared queue's depth, age and seen-set size; cached for a second so that
     several Prometheus servers scraping at once cost Redis one read."""
     from ..queue.dupefilter import seen_size
-    from ..queue.keys import queue_key
-    from ..queue.queues import PriorityQueue
+    from ..queue.queues import frontier
 
     cache: dict[str, Any] = {"at": 0.0, "value": {}}
 
@@ -151,7 +150,7 @@ def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
         if spider is None:
             return {}
         try:
-            queue = PriorityQueue(server, spider, queue_key(spider.name))
+            queue = frontier(server, spider, crawler.settings)
             value = {
                 "depth": float(len(queue)),
                 "oldest_age": queue.oldest_age(),

@@ -25,6 +25,7 @@ from typing import Any
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..redis_batcher import RedisBatcher
+from ..redis_client import pipeline_eval
 from .keys import inflight_key, next_key, waiting_deadlines_key, waiting_key
 
 _NOW_US = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
@@ -89,8 +90,7 @@ class Command:
     args: tuple[Any, ...]
 
     def add(self, pipe: Any) -> Any:
-        # EVAL by name: redis-py's cluster pipeline has no eval() method.
-        return pipe.execute_command("EVAL", self.script, len(self.keys), *self.keys, *self.args)
+        return pipeline_eval(pipe, self.script, self.keys, self.args)
 
 
 @dataclass(frozen=True)

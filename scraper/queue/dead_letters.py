@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import redis
 from scrapy import Request
 
+from ..redis_client import pipeline_eval
 from . import serializer
 from .keys import dead_index_key, dead_key, queue_key
 from .requests import is_leaked_api_call
@@ -55,14 +56,14 @@ def fresh_request(data: str | bytes) -> bytes:
 
 
 class DeadLetters:
-    def __init__(self, server: Any, spider: Any) -> None:
+    def __init__(self, server: Any, spider: Any, shards: Any = None) -> None:
         self.server = server
         self.spider = spider
         from .queues import PriorityQueue  # the queue module records unreadable entries here
 
         self.key = dead_key(spider.name)
         self.index_key = dead_index_key(spider.name)
-        self.queue = PriorityQueue(server, spider, queue_key(spider.name))
+        self.queue = PriorityQueue(server, spider, queue_key(spider.name), shards=shards)
 
     def add(self, request: Request | None, reason: str, attempts: int, raw: bytes | str | None = None) -> int:
         """Set a request aside; returns how many times it has been. *raw* is an undecodable
@@ -110,7 +111,13 @@ class DeadLetters:
                 priority = int(json.loads(data).get("priority", 0))
             except (ValueError, TypeError, AttributeError):
                 return False  # an unreadable entry stays for a human to look at
-            pipe.zadd(self.queue.key, {data: score_for(priority)})
+            if self.queue.shards is None:
+                pipe.zadd(self.queue.key, {data: score_for(priority)})
+            else:
+                # The shard's queue is in another slot than the dead letters, so not in their
+                # transaction: queued first, then taken off the list (a crash repeats, never drops).
+                shard = self.queue.shards.of_url(str(json.loads(data).get("url", "")))
+                self.server.zadd(self.queue.keys[shard], {data: score_for(priority)})
             return True
 
         # The index keeps a requeued request: should it fail again, its count goes on.
@@ -144,7 +151,7 @@ class DeadLetters:
             ident = _identity_of(letter) if forget else None
             if ident:
                 # Only if the index still points at this very entry.
-                pipe.execute_command("EVAL", _HDEL_IF, 1, self.index_key, ident, raw)
+                pipeline_eval(pipe, _HDEL_IF, [self.index_key], [ident, raw])
             pipe.execute()
             taken += 1
         return taken

@@ -20,6 +20,7 @@ request in one atomic script (:meth:`SharedDupeFilter.push_if_new`), pipelined b
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..redis_client import register_script
 from . import keys
 from .bloom import BloomFilter, BloomSeen
 from .generations import GenerationalClaims, Generations
+from .shards import Shards, for_spider
 
 logger = logging.getLogger(__name__)
 
@@ -123,17 +125,29 @@ class SeenSet(GenerationalClaims):
 
 def make_store(server: Any, spider_name: str, settings: Any) -> SeenSet | BloomSeen:
     """The seen-state of *spider_name* as *settings* configure it (nothing is written)."""
+    return make_stores(server, spider_name, settings)[0]
+
+
+def make_stores(server: Any, spider_name: str, settings: Any, shards: Shards | None = None) -> list[SeenSet | BloomSeen]:
+    """The seen-state of each shard of *spider_name*'s frontier (one without *shards*). A
+    Bloom filter's capacity is shared out between the shards."""
     config = seen_config(settings)
+    shards = shards or Shards(spider_name)
     if config.backend == "bloom":
-        return BloomSeen(server, keys.bloom_key(spider_name), config.bloom, config.expiry)
+        bloom = config.bloom
+        if shards.count > 1:
+            bloom = BloomFilter.for_capacity(math.ceil(bloom.capacity / shards.count), bloom.error_rate)
+        return [BloomSeen(server, shards.seen_key(i, keys.bloom_key(spider_name)), bloom, config.expiry)
+                for i in range(shards.count)]
     custom = settings.get("SCHEDULER_DUPEFILTER_KEY")
     key = custom % {"spider": spider_name} if custom else keys.dupefilter_key(spider_name)
-    return SeenSet(server, key, config.expiry)
+    return [SeenSet(server, shards.seen_key(i, key), config.expiry) for i in range(shards.count)]
 
 
 def seen_size(server: Any, spider_name: str, settings: Any) -> float:
     """Fingerprints remembered for *spider_name*: exact for a set, estimated for a Bloom filter."""
-    return make_store(server, spider_name, settings).size()
+    shards = for_spider(server, spider_name, settings)
+    return sum(store.size() for store in make_stores(server, spider_name, settings, shards))
 
 
 class SharedDupeFilter(RFPDupeFilter):
@@ -146,8 +160,14 @@ class SharedDupeFilter(RFPDupeFilter):
         local_cache_size: int = 200_000,
         stats: Any = None,
         store: SeenSet | BloomSeen | None = None,
+        stores: list[SeenSet | BloomSeen] | None = None,
+        shards: Shards | None = None,
     ) -> None:
-        self.store = store if store is not None else SeenSet(server, key)
+        # One store per shard of the frontier (see .shards); the first stands for them all
+        # where one is asked for (expiry, generation: they share the settings and the clock).
+        self.stores = stores or [store if store is not None else SeenSet(server, key)]
+        self.store = self.stores[0]
+        self.shards = shards if len(self.stores) > 1 else None
         super().__init__(server, self.store.base, debug=debug)
         self.fingerprinter = fingerprinter
         self.local_cache_size = local_cache_size
@@ -181,22 +201,31 @@ class SharedDupeFilter(RFPDupeFilter):
 
     def request_seen(self, request: Request) -> bool:
         seen, fp = self.seen_locally(request)
-        return seen or not self.store.add(fp)
+        store = self.stores[self.shards.of_url(request.url)] if self.shards is not None else self.store
+        return seen or not store.add(fp)
 
-    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes) -> None:
-        """Add to *pipe* one command that claims *fingerprint* and, if no process had claimed
-        it, queues *data* in *queue_key* with *score*; its result is 1 if queued, else 0."""
-        self.store.push_if_new(pipe, fingerprint, queue_key, score, data)
+    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes,
+                    shard: int = 0) -> None:
+        """Add to *pipe* one command that claims *fingerprint* in *shard*'s seen-state and, if no
+        process had claimed it, queues *data* in *queue_key* with *score*; its result is 1 if
+        queued, else 0."""
+        self.stores[shard].push_if_new(pipe, fingerprint, queue_key, score, data)
 
     def run_keys(self) -> list[str]:
-        """Keys of the seen-state to drop when the crawl has finished on every node."""
-        return self.store.run_keys()
+        """Keys of the seen-state to drop when the crawl has finished on every node, where they
+        share the spider's slot (unsharded); see :meth:`shard_run_keys` for the others."""
+        return self.store.run_keys() if self.shards is None else []
+
+    def shard_run_keys(self) -> list[str]:
+        """The run keys of a sharded seen-state (each shard in a slot of its own)."""
+        return [] if self.shards is None else [k for store in self.stores for k in store.run_keys()]
 
     def size(self) -> float:
-        return self.store.size()
+        return sum(store.size() for store in self.stores)
 
     def clear(self) -> None:
-        self.store.clear()
+        for store in self.stores:
+            store.clear()
         self._local.clear()
 
     def forget_local(self) -> None:

@@ -97,46 +97,86 @@ return {requeued, dead}
 """
 
 
-class Leases:
-    def __init__(self, server: Any, spider_name: str, queue_key: str, dead_key: str, ttl: float,
-                 max_redeliveries: int = 5, owner: str | None = None) -> None:
-        self.server = server
-        self.ttl = ttl
-        self.max_redeliveries = max_redeliveries
-        self.pending_key = queue_key
-        names = keys.lease_keys(spider_name)
+class _Group:
+    """The keys of one shard's queue and leases."""
+
+    def __init__(self, pending: str, names: dict[str, str], dead: str) -> None:
+        self.pending_key = pending
         self.leased_key = names["leased"]
         self.deadlines_key = names["deadlines"]
         self.redeliveries_key = names["redeliveries"]
         self.owners_key = names["owners"]
+        self.dead_key = dead
+
+
+class Leases:
+    """The leases of one spider's frontier; with *shards* (see :mod:`.shards`), one set of lease
+    keys per shard, each next to its shard's queue. Lease ids are request hashes and a request
+    lives in one shard only, so an id alone names a lease; this process remembers the shard of
+    the leases it holds."""
+
+    def __init__(self, server: Any, spider_name: str, queue_key: str, dead_key: str, ttl: float,
+                 max_redeliveries: int = 5, owner: str | None = None, shards: Any = None) -> None:
+        self.server = server
+        self.ttl = ttl
+        self.max_redeliveries = max_redeliveries
         self.dead_key = dead_key
+        if shards is not None and shards.count > 1:
+            self.groups = [_Group(shards.queue_key(i), shards.lease_keys(i), shards.dead_key(i))
+                           for i in range(shards.count)]
+        else:
+            self.groups = [_Group(queue_key, keys.lease_keys(spider_name), dead_key)]
+        main = self.groups[0]
+        self.pending_key = main.pending_key
+        self.leased_key = main.leased_key
+        self.deadlines_key = main.deadlines_key
+        self.redeliveries_key = main.redeliveries_key
+        self.owners_key = main.owners_key
         self.owner = owner or uuid.uuid4().hex
         self.mine: set[str] = set()
+        self._shard_of: dict[str, int] = {}
         self._take = register_script(server, _TAKE)
         self._owned = register_script(server, _OWNED)
         self._reap = register_script(server, _REAP)
         self._last_renewal = 0.0
 
-    def take(self, count: int) -> list[tuple[str, float, bytes]]:
-        """Lease up to *count* requests: (lease id, score, data), best first."""
-        flat = self._take(keys=[self.pending_key, self.leased_key, self.deadlines_key, self.owners_key],
+    def take(self, count: int, shard: int = 0) -> list[tuple[str, float, bytes]]:
+        """Lease up to *count* requests of *shard*: (lease id, score, data), best first."""
+        group = self.groups[shard]
+        flat = self._take(keys=[group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
                           args=[count, time.time() + self.ttl, self.owner])
         taken = [(flat[i].decode(), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
         self.mine.update(lease for lease, _, _ in taken)
+        if len(self.groups) > 1:
+            for lease, _, _ in taken:
+                self._shard_of[lease] = shard
         return taken
+
+    def _by_group(self, ids: set[str]) -> dict[int, set[str]]:
+        if len(self.groups) == 1:
+            return {0: ids}
+        out: dict[int, set[str]] = {}
+        for lease in ids:
+            out.setdefault(self._shard_of.get(lease, 0), set()).add(lease)
+        return out
 
     def ack(self, ids: set[str]) -> None:
         if not ids:
             return
         self._on_owned("ack", ids)
         self.mine -= ids
+        if len(self.groups) > 1:
+            for lease in ids:
+                self._shard_of.pop(lease, None)
 
     def _on_owned(self, action: str, ids: set[str], deadline: float = 0.0) -> None:
-        lost = self._owned(keys=[self.leased_key, self.deadlines_key, self.redeliveries_key, self.owners_key],
-                           args=[action, self.owner, deadline, *ids])
-        if lost:
-            # Reaped while this worker stalled, perhaps taken by another: no longer ours.
-            self.mine -= {i.decode() if isinstance(i, bytes) else i for i in lost}
+        for shard, part in self._by_group(ids).items():
+            group = self.groups[shard]
+            lost = self._owned(keys=[group.leased_key, group.deadlines_key, group.redeliveries_key, group.owners_key],
+                               args=[action, self.owner, deadline, *part])
+            if lost:
+                # Reaped while this worker stalled, perhaps taken by another: no longer ours.
+                self.mine -= {i.decode() if isinstance(i, bytes) else i for i in lost}
 
     def give_back(self, taken: list[tuple[str, float, bytes]]) -> None:
         """Requests leased but never handed out: straight back to the queue, lease dropped.
@@ -145,7 +185,9 @@ class Leases:
         over meanwhile, costs at most one more delivery, never a request."""
         if not taken:
             return
-        self.server.zadd(self.pending_key, {data: score for _, score, data in taken})
+        for shard, part in self._by_group({lease for lease, _, _ in taken}).items():
+            self.server.zadd(self.groups[shard].pending_key,
+                             {data: score for lease, score, data in taken if lease in part})
         self.ack({lease for lease, _, _ in taken})
 
     def renew(self, force: bool = False) -> None:
@@ -156,13 +198,34 @@ class Leases:
 
     def reap(self) -> tuple[int, int]:
         """Put requests whose lease ran out back in the queue (or in the dead letters)."""
-        requeued, dead = self._reap(
-            keys=[self.pending_key, self.leased_key, self.deadlines_key, self.redeliveries_key, self.dead_key,
-                  self.owners_key],
-            args=[time.time(), self.max_redeliveries, 500],
-        )
-        return int(requeued), int(dead)
+        requeued = dead = 0
+        for group in self.groups:
+            back, buried = self._reap(
+                keys=[group.pending_key, group.leased_key, group.deadlines_key, group.redeliveries_key,
+                      group.dead_key, group.owners_key],
+                args=[time.time(), self.max_redeliveries, 500],
+            )
+            requeued, dead = requeued + int(back), dead + int(buried)
+            if int(buried) and group.dead_key != self.dead_key:
+                self._move_dead(group.dead_key)
+        return requeued, dead
+
+    def _move_dead(self, shard_dead: str) -> None:
+        # Copied first, trimmed after: a crash in between repeats a dead letter, never drops one.
+        letters = self.server.lrange(shard_dead, 0, -1)
+        if letters:
+            self.server.rpush(self.dead_key, *letters)
+            self.server.ltrim(shard_dead, len(letters), -1)
 
     def outstanding_elsewhere(self) -> int:
         """Leases held by other workers (they may still put requests back)."""
-        return max(0, self.server.zcard(self.deadlines_key) - len(self.mine))
+        return max(0, self.held() - len(self.mine))
+
+    def held(self) -> int:
+        """Leases held by every worker."""
+        if len(self.groups) == 1:
+            return self.server.zcard(self.deadlines_key)
+        pipe = self.server.pipeline(transaction=False)
+        for group in self.groups:
+            pipe.zcard(group.deadlines_key)
+        return sum(pipe.execute())

@@ -18,9 +18,10 @@ from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
 from . import serializer as json_serializer
 from .dead_letters import entry as dead_entry
-from .keys import dead_key
+from .keys import dead_key, queue_key
 from .requests import is_leaked_api_call, request_from_dict, request_to_dict
 from .serializer import SerializationError
+from .shards import Shards
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,47 @@ def enqueued_at(score: float) -> float:
 
 
 class PriorityQueue(_RedisPriorityQueue):
-    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = None, prefetch: int = 1) -> None:
+    """*key* is the queue of an unsharded frontier; with *shards* (see :mod:`.shards`) of more
+    than one, each request goes to the queue of its domain's shard and pops go round them."""
+
+    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = None, prefetch: int = 1,
+                 shards: Shards | None = None) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         self._callback_names: dict[Any, str] = {}
         self.prefetch = max(1, prefetch)
-        # Requests encoded but not yet sent: (dupefilter or None, fingerprint, score, data).
-        self._staged: list[tuple[Any, str, float, bytes]] = []
-        # Requests taken from Redis but not yet handed to the engine: (lease id, score, data).
-        self._prefetched: list[tuple[str | None, float, bytes]] = []
+        self.shards = shards if shards is not None and shards.count > 1 else None
+        self.keys = shards.queue_keys() if self.shards is not None else [key]
+        # The next shard to pop from, and until when a shard found empty is skipped.
+        self._turn = 0
+        self._empty_until = [0.0] * len(self.keys)
+        # Requests encoded but not yet sent: (dupefilter or None, fingerprint, score, data, shard).
+        self._staged: list[tuple[Any, str, float, bytes, int]] = []
+        # Requests taken from Redis but not yet handed to the engine: (lease id, score, data, shard).
+        self._prefetched: list[tuple[str | None, float, bytes, int]] = []
         # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
         self.leases: Any = None
 
+    def shard_of(self, request: Request) -> int:
+        return self.shards.of_url(request.url) if self.shards is not None else 0
+
+    def key_of(self, request: Request) -> str:
+        return self.keys[self.shard_of(request)]
+
     def push(self, request: Request) -> None:
-        self.server.execute_command("ZADD", self.key, score_for(request.priority), self._encode_request(request))
+        self.server.execute_command("ZADD", self.key_of(request), score_for(request.priority),
+                                    self._encode_request(request))
+
+    def __len__(self) -> int:
+        if len(self.keys) == 1:
+            return self.server.zcard(self.key)
+        pipe = self.server.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.zcard(key)
+        return sum(pipe.execute())
+
+    def clear(self) -> None:
+        for key in self.keys:  # one by one: the shards' keys are in different slots
+            self.server.delete(key)
 
     def stage(self, request: Request, dupefilter: Any = None, fingerprint: str = "") -> None:
         """Encode *request* now (errors surface to the caller), send it with the next flush.
@@ -74,7 +103,8 @@ class PriorityQueue(_RedisPriorityQueue):
         is queued only if no process has claimed *fingerprint* yet; without, it is queued.
         A page yields its links in one burst; sending them in one pipelined round trip
         instead of one each is most of the difference to a local scheduler."""
-        self._staged.append((dupefilter, fingerprint, score_for(request.priority), self._encode_request(request)))
+        self._staged.append((dupefilter, fingerprint, score_for(request.priority), self._encode_request(request),
+                             self.shard_of(request)))
 
     def flush_staged(self) -> tuple[int, int]:
         """Send staged requests; returns (queued, already seen by another process)."""
@@ -89,14 +119,14 @@ class PriorityQueue(_RedisPriorityQueue):
             self._staged[:0] = staged
             raise
 
-    def _send_staged(self, staged: list[tuple[Any, str, float, bytes]]) -> tuple[int, int]:
+    def _send_staged(self, staged: list[tuple[Any, str, float, bytes, int]]) -> tuple[int, int]:
         pipe = self.server.pipeline(transaction=False)
-        for dupefilter, fingerprint, score, data in staged:
+        for dupefilter, fingerprint, score, data, shard in staged:
             # Exactly one command per request, so that results line up with requests.
             if dupefilter is None:
-                pipe.execute_command("ZADD", self.key, score, data)
+                pipe.execute_command("ZADD", self.keys[shard], score, data)
             else:
-                dupefilter.push_if_new(pipe, fingerprint, self.key, score, data)
+                dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data, shard)
         results = pipe.execute()
         queued = sum(1 for r in results if r)
         return queued, len(results) - queued
@@ -107,12 +137,15 @@ class PriorityQueue(_RedisPriorityQueue):
         Exact when the queue holds at most two priorities (the usual case): it looks at the
         oldest entry of the highest and of the lowest priority, two round trips."""
         now = time.time() if now is None else now
-        head = self.server.zrange(self.key, 0, 0, withscores=True)
+        return max((self._oldest_age(key, now) for key in self.keys), default=0.0)
+
+    def _oldest_age(self, key: str, now: float) -> float:
+        head = self.server.zrange(key, 0, 0, withscores=True)
         if not head:
             return 0.0
-        tail = self.server.zrange(self.key, -1, -1, withscores=True)
+        tail = self.server.zrange(key, -1, -1, withscores=True)
         block = (tail[0][1] // _PRIORITY_STEP) * _PRIORITY_STEP
-        lowest = self.server.zrangebyscore(self.key, block, "+inf", start=0, num=1, withscores=True)
+        lowest = self.server.zrangebyscore(key, block, "+inf", start=0, num=1, withscores=True)
         oldest = min(enqueued_at(score) for _, score in head + lowest)
         return max(0.0, now - oldest)
 
@@ -126,7 +159,7 @@ class PriorityQueue(_RedisPriorityQueue):
         return len(self._prefetched)
 
     def prefetched_leases(self) -> set[str]:
-        return {lease for lease, _, _ in self._prefetched if lease}
+        return {lease for lease, _, _, _ in self._prefetched if lease}
 
     def return_prefetched(self) -> int:
         """Put requests taken but never handed out back into the shared queue (on close)."""
@@ -134,10 +167,55 @@ class PriorityQueue(_RedisPriorityQueue):
             return 0
         taken, self._prefetched = self._prefetched, []
         if self.leases is not None:
-            self.leases.give_back(taken)
+            self.leases.give_back([(lease, score, data) for lease, score, data, _ in taken])
         else:
-            self.server.zadd(self.key, {data: score for _, score, data in taken})
+            for shard in {shard for _, _, _, shard in taken}:
+                self.server.zadd(self.keys[shard], {data: score for _, score, data, s in taken if s == shard})
         return len(taken)
+
+    def adopt_unsharded(self) -> int:
+        """Move requests queued in the spider's unsharded queue (by a seed or a requeue made
+        while another shard count was in force) into their shards; returns how many.
+
+        Queued in the shard first, removed after: a crash in between repeats a request."""
+        if self.shards is None:
+            return 0
+        moved = 0
+        while True:
+            entries = self.server.zrange(self.key, 0, 999, withscores=True)
+            if not entries:
+                return moved
+            by_shard: dict[int, dict[bytes, float]] = {}
+            for data, score in entries:
+                try:
+                    url = str(self.serializer.loads(data).get("url", ""))
+                except (ValueError, TypeError, AttributeError):
+                    url = ""  # unreadable: the first shard's pop sets it aside as a dead letter
+                by_shard.setdefault(self.shards.of_url(url), {})[data] = score
+            for shard, members in by_shard.items():
+                self.server.zadd(self.keys[shard], members)
+            self.server.zrem(self.key, *(data for data, _ in entries))
+            moved += len(entries)
+
+    def _take(self, count: int) -> list[tuple[str | None, float, bytes, int]]:
+        """Up to *count* requests from the next shard that has any, shards taken in turn (so a
+        shard of a few busy domains cannot starve the others); a shard found empty is skipped
+        for a moment, so that an almost empty frontier costs no round trip per empty shard."""
+        now = time.monotonic()
+        n = len(self.keys)
+        for step in range(n):
+            shard = (self._turn + step) % n
+            if n > 1 and self._empty_until[shard] > now and step < n - 1:
+                continue
+            if self.leases is not None:
+                taken = [(lease, score, data, shard) for lease, score, data in self.leases.take(count, shard)]
+            else:
+                taken = [(None, score, data, shard) for data, score in self.server.zpopmin(self.keys[shard], count)]
+            if taken:
+                self._turn = (shard + 1) % n
+                return taken
+            self._empty_until[shard] = now + 0.5
+        return []
 
     def _encode_request(self, request: Request) -> bytes:
         try:
@@ -159,14 +237,10 @@ class PriorityQueue(_RedisPriorityQueue):
         # prefetching (at most *limit*, when given). A corrupt entry is set aside rather than
         # crashing the engine loop.
         if not self._prefetched:
-            if self.leases is not None:
-                taken = self.leases.take(max(1, min(self.prefetch, limit or self.prefetch)))
-            else:
-                taken = [(None, score, data) for data, score in self.server.zpopmin(self.key, self.prefetch)]
-            self._prefetched = list(reversed(taken))
+            self._prefetched = list(reversed(self._take(max(1, min(self.prefetch, limit or self.prefetch)))))
             if not self._prefetched:
                 return None
-        lease, _score, data = self._prefetched.pop()
+        lease, _score, data, _shard = self._prefetched.pop()
         try:
             request = self._decode_request(data)
             if lease:
@@ -186,3 +260,12 @@ class PriorityQueue(_RedisPriorityQueue):
             self.server.rpush(dead_key(self.spider.name), dead_entry(f"unreadable {exc}"[:300], 1, None, text))
             logger.error("Moved an unreadable request from %s to the dead letters: %s", self.key, exc)
             return None
+
+
+def frontier(server: Any, spider: Any, settings: Any = None, prefetch: int = 1) -> PriorityQueue:
+    """*spider*'s shared queue, sharded as its current run is (or, between runs, as *settings*
+    say the next will be): for the tools and readers that are not the scheduler."""
+    from .shards import for_spider
+
+    return PriorityQueue(server, spider, queue_key(spider.name), prefetch=prefetch,
+                         shards=for_spider(server, spider.name, settings))

@@ -40,7 +40,8 @@ from ..config import get_bool, get_float, get_int
 from ..redis_client import UNREACHABLE, get_redis
 from ..storage import gone
 from . import keys
-from .dupefilter import SharedDupeFilter, make_store, seen_config
+from .dupefilter import SharedDupeFilter, make_stores, seen_config
+from .shards import Shards, shard_count, shards_setting
 from .nodes import NodeRegistry
 from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
@@ -75,10 +76,12 @@ class SharedScheduler(Scheduler):
         instance.node_ttl = get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
         instance.fresh = get_bool(settings, "RUNS_FRESH", False)
         seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on
+        shards_setting(settings)
         return instance
 
     def open(self, spider: Spider) -> None:
         keys.migrate_legacy(self.server, spider.name)
+        self.shards = self._shards(spider.name)
         self.df = SharedDupeFilter(
             self.server,
             key=self.dupefilter_key % {"spider": spider.name},
@@ -86,7 +89,8 @@ class SharedScheduler(Scheduler):
             debug=self.debug,
             local_cache_size=self.local_cache_size,
             stats=self.stats,
-            store=make_store(self.server, spider.name, self.crawler.settings),
+            stores=make_stores(self.server, spider.name, self.crawler.settings, self.shards),
+            shards=self.shards,
         )
         self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), ttl=self.node_ttl, info=self._node_info)
         self._unserializable_logged: set[str] = set()
@@ -100,26 +104,38 @@ class SharedScheduler(Scheduler):
             key=self.queue_key % {"spider": spider.name},
             serializer=self.serializer,
             prefetch=self.prefetch,
+            shards=self.shards,
         )
         self.leases = None
         self._lease_loop: Any = None
         if self.lease_timeout > 0:
             self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
-                                 self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id)
+                                 self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id,
+                                 shards=self.shards)
             self.queue.leases = self.leases
         if self.flush_on_start:
             self.flush()
-        self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases)
+        self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases,
+                            shards=self.shards)
         self._closing = False
         self._beat_loop: Any = None
         self._last_lease_report = float("-inf")
         self._lease_wait_since: float | None = None
-        decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh)
+        decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self.df.shard_run_keys())
         if decision.action == "wait":
             # Not on the reactor thread's time: the engine awaits this before the start requests.
             return defer.ensureDeferred(self._wait_to_begin(decision))
         self._begun(decision)
         return None
+
+    def _shards(self, name: str) -> Shards:
+        wanted = shards_setting(self.crawler.settings)
+        count = shard_count(self.server, name, self.crawler.settings)
+        if count != wanted:
+            logger.warning("SCHEDULER_SHARDS=%d not applied: the current run of %s has its frontier in %d shard%s "
+                           "and keeps them until it finishes (or start it again with --fresh)",
+                           wanted, name, count, "" if count == 1 else "s")
+        return Shards(name, count)
 
     def _run_keys(self) -> list[str]:
         return keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
@@ -149,7 +165,7 @@ class SharedScheduler(Scheduler):
                 last_report = time.monotonic()
                 self._report_run_wait(decision)
             await task.deferLater(reactor, 0.25, lambda: None)
-            decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh)
+            decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self.df.shard_run_keys())
         if not self._closing:
             self._begun(decision)
 
@@ -170,6 +186,10 @@ class SharedScheduler(Scheduler):
         from twisted.internet import task
 
         name = self.spider.name
+        adopted = self.queue.adopt_unsharded()
+        if adopted:
+            logger.info("Moved %d requests queued unsharded into the %d shards of %s's frontier",
+                        adopted, self.shards.count, name)
         if decision.finished_previous and decision.dropped:
             logger.warning("Discarded run %d of %s (--fresh): %d queued or leased requests dropped",
                            decision.finished_previous, name, decision.dropped)
@@ -316,12 +336,13 @@ class SharedScheduler(Scheduler):
             return  # closed while waiting to begin: never part of a run
         # The run's item claims are held back from the keys dropped at its finish: gone-marking
         # reads them first (and drops them).
-        outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()))
+        outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()),
+                                       self.df.shard_run_keys())
         self.run_outcome = outcome
         self.crawler.stats.set_value("run/outcome", outcome)
         gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == "finished")
         name, run_id = self.spider.name, self.run.run_id
-        if outcome == "finished" and self.df.run_keys():
+        if outcome == "finished" and (self.df.run_keys() or self.df.shard_run_keys()):
             logger.info("Run %d of %s finished on every node: its seen-set was cleared so the next run starts fresh",
                         run_id, name)
         elif outcome == "finished":

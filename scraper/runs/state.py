@@ -37,10 +37,13 @@ from ..redis_client import register_script
 FIGURES_KEEP = 7 * 24 * 3600
 
 # Prune dead nodes, count live ones. Shared prologue of both scripts.
-# KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] n dead, ARGV[9..] dead ids.
+# KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] queued and ARGV[9] leased
+# in the other shards of a sharded frontier (counted just before: a script sees one slot only),
+# ARGV[10] shard count, ARGV[11] n dead, ARGV[12..] dead ids.
 _LIVE = """
 local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = 9, 8 + tonumber(ARGV[8]) do
+local other_queued, other_leased = tonumber(ARGV[8]), tonumber(ARGV[9])
+for i = 12, 11 + tonumber(ARGV[11]) do
   redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('HDEL', KEYS[3], ARGV[i])
 end
@@ -64,12 +67,13 @@ end
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 leased, 7 lease owners,
 #       8 redeliveries, 9.. the run's keys (seen-set, item claims).
 # ARGV: 1 node, 2 now, 3 ttl, 4 lowest next id, 5 fresh, 6 figures prefix, 7 figures ttl,
-#       8 n dead, 9.. dead node ids.
+#       8-10 other shards (see _LIVE), 11 n dead, 12.. dead node ids.
 # Returns {action, run id, live nodes, queued, leased, finished run id, dropped}.
 _BEGIN = _LIVE + """
 local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-local queued, leased = redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5])
+local queued = redis.call('ZCARD', KEYS[4]) + other_queued
+local leased = redis.call('ZCARD', KEYS[5]) + other_leased
 local previous, dropped = 0, 0
 if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 then
   finish(id, redis.call('HGET', KEYS[1], 'reason') or 'lost')
@@ -87,7 +91,7 @@ if id == 0 or state == 'finished' then
   end
   id = math.max(id, tonumber(ARGV[4])) + 1
   redis.call('DEL', KEYS[1], ARGV[6] .. id .. ':figures')
-  redis.call('HSET', KEYS[1], 'id', id, 'state', 'running', 'started', now)
+  redis.call('HSET', KEYS[1], 'id', id, 'state', 'running', 'started', now, 'shards', ARGV[10])
   action = 'start'
 elseif live == 0 then
   redis.call('HSET', KEYS[1], 'state', 'running')
@@ -103,7 +107,8 @@ return {action, id, live, queued, leased, previous, dropped}
 """
 
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6.. the run's keys.
-# ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8 n dead, 9.. dead.
+# ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8-10 other
+#       shards (see _LIVE), 11 n dead, 12.. dead.
 # Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on) or
 # 'gone' (the run is no longer this node's: another node ended it while this one was silent).
 _LEAVE = _LIVE + """
@@ -115,7 +120,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'reason', ARGV[5])
 if live > 0 then return {'running', live} end
-if redis.call('ZCARD', KEYS[4]) == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
+if redis.call('ZCARD', KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0 then
   for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
   finish(ARGV[4], ARGV[5])
   return {'finished', 0}
@@ -153,8 +158,11 @@ class LeaseSummary:
 
 class RunState:
     def __init__(self, server: Any, spider_name: str, nodes: NodeRegistry, queue_key: str,
-                 leases: Any = None) -> None:
+                 leases: Any = None, shards: Any = None) -> None:
         self.server = server
+        # A sharded frontier (see scraper.queue.shards): its shards are counted before each
+        # transition, and their run keys dropped after it, for a script sees one slot only.
+        self.shards = shards if shards is not None and shards.count > 1 else None
         self.spider = spider_name
         self.nodes = nodes
         self.queue_key = queue_key
@@ -166,38 +174,65 @@ class RunState:
         self._leave = register_script(server, _LEAVE)
 
     def _lease_keys(self) -> list[str]:
-        from ..queue.leases import Leases
+        # The spider's own lease keys (in its slot), whether this node leases or not: another
+        # node may. A sharded frontier's leases are counted apart (see _others).
+        names = keys.lease_keys(self.spider)
+        return [names["deadlines"], names["leased"], names["owners"], names["redeliveries"]]
 
-        if self.leases is not None:
-            leases = self.leases
-        else:  # leases off here; another node may still use them, so they are looked at anyway
-            leases = Leases.__new__(Leases)
-            Leases.__init__(leases, self.server, self.spider, self.queue_key, keys.dead_key(self.spider), 1.0)
-        return [leases.deadlines_key, leases.leased_key, leases.owners_key, leases.redeliveries_key]
+    def _others(self) -> list[Any]:
+        """ARGV 8-10 of both scripts: queued and leased in the shards, and the shard count."""
+        if self.shards is None:
+            return [0, 0, 1]
+        pipe = self.server.pipeline(transaction=False)
+        for shard in range(self.shards.count):
+            pipe.zcard(self.shards.queue_key(shard))
+            pipe.zcard(self.shards.lease_keys(shard)["deadlines"])
+        counts = pipe.execute()
+        return [sum(counts[0::2]), sum(counts[1::2]), self.shards.count]
 
-    def begin(self, run_keys: list[str], lowest_next_id: int = 0, fresh: bool = False) -> Decision:
+    def _frontier_keys(self) -> list[str]:
+        return [key for shard in range(self.shards.count)
+                for key in (self.shards.queue_key(shard), *self.shards.lease_keys(shard).values())]
+
+    def _drop(self, names: list[str]) -> None:
+        for name in names:  # one by one: the shards' keys live in different slots
+            self.server.delete(name)
+
+    def begin(self, run_keys: list[str], lowest_next_id: int = 0, fresh: bool = False,
+              shard_run_keys: list[str] | None = None) -> Decision:
+        """*run_keys* share the spider's slot and are dropped by the script; *shard_run_keys*
+        (a sharded seen-state) are dropped right after it, when it says so."""
         deadlines, leased, owners, redeliveries = self._lease_keys()
         dead = self.nodes.dead_here()
         reply = self._begin(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
                   redeliveries, *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
-                  self.figures_prefix, FIGURES_KEEP, len(dead), *dead],
+                  self.figures_prefix, FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
         decision = Decision.from_reply(reply)
         if decision.action != "wait":
             self.run_id = decision.run_id
+        if self.shards is not None:
+            # No node joins a run with nothing queued, so nothing was claimed in the new run yet.
+            if decision.dropped:
+                self._drop(self._frontier_keys())
+            if decision.action == "start" and decision.queued == 0 and decision.leased == 0:
+                self._drop(shard_run_keys or [])
         return decision
 
-    def leave(self, reason: str, run_keys: list[str]) -> tuple[str, int]:
+    def leave(self, reason: str, run_keys: list[str], shard_run_keys: list[str] | None = None) -> tuple[str, int]:
         deadlines = self._lease_keys()[0]
         dead = self.nodes.dead_here()
         outcome, live = self._leave(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
-                  FIGURES_KEEP, len(dead), *dead],
+                  FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
-        return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(live)
+        outcome = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+        if outcome == "finished" and self.shards is not None:
+            self._drop(shard_run_keys or [])
+        return outcome, int(live)
 
     def has_run_record(self) -> bool:
         return bool(self.server.exists(self.key))
@@ -207,10 +242,18 @@ class RunState:
 
     def lease_summary(self, mine: set[str] | None = None) -> LeaseSummary:
         """Leases held elsewhere: by live nodes, or by nodes that stopped (and when they return)."""
-        deadlines_key, _leased, owners_key, _r = self._lease_keys()
+        if self.shards is None:
+            deadlines_key, _leased, owners_key, _r = self._lease_keys()
+            groups = [(deadlines_key, owners_key)]
+        else:
+            groups = [(names["deadlines"], names["owners"])
+                      for names in (self.shards.lease_keys(i) for i in range(self.shards.count))]
         mine = mine or set()
-        deadlines = {k.decode(): s for k, s in self.server.zrange(deadlines_key, 0, -1, withscores=True)}
-        owners = {k.decode(): v.decode() for k, v in self.server.hgetall(owners_key).items()}
+        deadlines: dict[str, float] = {}
+        owners: dict[str, str] = {}
+        for deadlines_key, owners_key in groups:
+            deadlines.update((k.decode(), s) for k, s in self.server.zrange(deadlines_key, 0, -1, withscores=True))
+            owners.update((k.decode(), v.decode()) for k, v in self.server.hgetall(owners_key).items())
         live = set(self.nodes.live())
         summary = LeaseSummary()
         for lease, deadline in deadlines.items():
