@@ -56,6 +56,7 @@ import redis  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
+from scraper.queue import keys  # noqa: E402
 from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
@@ -229,17 +230,18 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         victim.wait()
+        lease_keys = keys.lease_keys("demo")
         held = {lease_id: json.loads(value.split(b"|", 1)[1])["url"]
-                for lease_id, value in server.hgetall("demo:leased").items()}
+                for lease_id, value in server.hgetall(lease_keys["leased"]).items()}
         # A redelivered request is leased again under the same id, with a new deadline.
-        deadlines = {lease_id: server.zscore("demo:lease_deadlines", lease_id) for lease_id in held}
+        deadlines = {lease_id: server.zscore(lease_keys["deadlines"], lease_id) for lease_id in held}
         fetched = site_counts(url)
         paths = ["/" + u.split("/", 3)[3] for u in held.values()]
         successor = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         requeued = refetched = None
         while refetched is None and time.monotonic() - killed < lease + 120:
             time.sleep(0.05)
-            if requeued is None and any(server.zscore("demo:lease_deadlines", i) != d for i, d in deadlines.items()):
+            if requeued is None and any(server.zscore(lease_keys["deadlines"], i) != d for i, d in deadlines.items()):
                 requeued = time.monotonic() - killed
             counts = site_counts(url)
             if requeued is not None and all(counts.get(p, 0) > fetched.get(p, 0) for p in paths):
