@@ -136,6 +136,14 @@ class Store:
     def cpu(self) -> dict[str, float]:
         return {name: cpu_seconds(pid) or 0.0 for name, pid in self.pids.items()}
 
+    def calls(self) -> dict[str, int]:
+        """Commands the masters ran so far, by name, summed."""
+        out: dict[str, int] = {}
+        for master in self.masters.values():
+            for name, stats in master.info("commandstats").items():
+                out[name.removeprefix("cmdstat_")] = out.get(name.removeprefix("cmdstat_"), 0) + int(stats["calls"])
+        return out
+
     def home(self, spider: str) -> str:
         """The node that holds *spider*'s keys."""
         if self.cluster is None:
@@ -223,7 +231,7 @@ def throughput(store: Store, names: list[str], count: int) -> dict[str, Any]:
         marks = []
         for _ in range(3):
             barrier.wait(BARRIER_TIMEOUT)
-            marks.append((time.monotonic(), store.cpu()))
+            marks.append((time.monotonic(), store.cpu(), store.calls()))
         results = [answers.get(timeout=BARRIER_TIMEOUT) for _ in names]
         for proc in procs:
             proc.join(BARRIER_TIMEOUT)
@@ -241,10 +249,13 @@ def throughput(store: Store, names: list[str], count: int) -> dict[str, Any]:
     for phase, (start, end) in (("claims", (marks[0], marks[1])), ("pops", (marks[1], marks[2]))):
         seconds = end[0] - start[0]
         used = {node: end[1][node] - start[1][node] for node in end[1]}
+        # Which commands an operation costs the server: a round trip more shows here.
+        commands = {name: (calls - start[2].get(name, 0)) / total for name, calls in end[2].items()}
         out[phase] = {"per_s": total / seconds, "seconds": seconds,
                       "redis_cpu_per_1000": 1000 * sum(used.values()) / total,
                       "client_cpu_per_1000": 1000 * client_cpu[phase] / total,
-                      "busiest_master_cpu_share": max(used.values()) / seconds, "cpu_by_node": used}
+                      "busiest_master_cpu_share": max(used.values()) / seconds, "cpu_by_node": used,
+                      "commands_per_op": {k: round(v, 2) for k, v in commands.items() if v >= 0.05}}
     store.flush()
     return out
 
@@ -283,12 +294,14 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
                     p = r[phase]
                     print(f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
                           f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
-                          f"{100 * p['busiest_master_cpu_share']:.0f} % of a core", flush=True)
+                          f"{100 * p['busiest_master_cpu_share']:.0f} % of a core; commands per {phase[:-1]}: "
+                          + ", ".join(f"{k} {v:g}" for k, v in sorted(p["commands_per_op"].items())), flush=True)
                     detail = {"store": store.label, "clients": r["clients"], "homes": r["homes"],
                               "requests_per_client": ops_count}
                     res.add(cmp, f"{phase}/s", p["per_s"], f"{phase}/s", **detail)
                     res.add(cmp, f"Redis CPU per 1,000 {phase}", p["redis_cpu_per_1000"], "s",
-                            cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()}, **detail)
+                            cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()},
+                            commands_per_op=p["commands_per_op"], **detail)
                     res.add(cmp, f"client CPU per 1,000 {phase}", p["client_cpu_per_1000"], "s", **detail)
             figures[store.label] = {"memory": mem, "runs": runs}
         for phase in ("claims", "pops"):
