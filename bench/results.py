@@ -32,6 +32,7 @@ class Results:
         # A run of some parts only keeps the other parts' figures of earlier runs, each marked
         # with when it was measured, so results.json stays one complete set.
         self.earlier: list[dict[str, Any]] = []
+        self.earlier_runs: dict[str, Any] = {}
         if keep_earlier and path.exists():
             try:
                 before = json.loads(path.read_text())
@@ -39,6 +40,10 @@ class Results:
                 before = {}
             for figure in before.get("figures", []):
                 self.earlier.append({**figure, "measured": figure.get("measured", before.get("started"))})
+            # The machine and load of each earlier run whose figures are kept.
+            self.earlier_runs = {**before.get("earlier_runs", {}),
+                                 before.get("started"): {k: v for k, v in before.items()
+                                                         if k not in ("figures", "earlier_runs", "started")}}
 
     def add(self, comparison: str, name: str, value: float, unit: str, **detail: Any) -> float:
         self.figures.append({"comparison": comparison, "name": name, "value": round(float(value), 4),
@@ -49,4 +54,6 @@ class Results:
     def save(self) -> None:
         measured = {f["comparison"] for f in self.figures}
         kept = [f for f in self.earlier if f["comparison"] not in measured]
-        self.path.write_text(json.dumps({**self.run, "figures": kept + self.figures}, indent=1) + "\n")
+        runs = {f["measured"] for f in kept}
+        earlier = {"earlier_runs": {k: v for k, v in self.earlier_runs.items() if k in runs}} if kept else {}
+        self.path.write_text(json.dumps({**self.run, **earlier, "figures": kept + self.figures}, indent=1) + "\n")
