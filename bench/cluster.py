@@ -40,7 +40,7 @@ from procs import cpu_seconds, private_redis, redis_pid  # noqa: E402
 SLUGS = ("audio", "kitchen-dining", "lighting", "apparel", "baby", "travel", "outdoor-garden", "home-office")
 PER_PAGE = 20  # products per listing page of the demo shop: the links one page yields at once
 PREFETCH = 4  # SCHEDULER_PREFETCH's default
-BARRIER_TIMEOUT = 300
+BARRIER_TIMEOUT = 120
 
 
 def demo_requests(spider: Any, count: int, salt: str) -> list[tuple[Any, str]]:
@@ -164,7 +164,12 @@ def plain_store() -> tuple[Store, Any]:
 def cluster_store(replicas: int) -> Store:
     from redis_cluster import LocalCluster
 
-    cluster = LocalCluster(masters=3, replicas=replicas).start()
+    cluster = LocalCluster(masters=3, replicas=replicas)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()  # its nodes would otherwise outlive the bench
+        raise
     masters = {f"127.0.0.1:{port}": cluster.node(port) for port in cluster.masters()}
     pids = {f"127.0.0.1:{port}": proc.pid for port, proc in cluster.procs.items()}
     return Store("3-master cluster", cluster.url, masters, pids, cluster)
