@@ -20,10 +20,15 @@ comparison it belongs to), so that successive runs can be compared.
   with the crawler's RSS every 10 s, and its growth after the first 10k pages.
 * upsert: our batched upsert against a plain COPY and the one-statement bulk upsert.
 * dupefilter: Redis memory per URL, set vs Bloom filter (see ``bench/dupefilter_memory.py``).
+* cluster: one Redis vs a local 3-master Redis Cluster: bytes per queued request, per seen URL
+  and per lease, claims/s and pops/s with one and several client processes, Redis CPU per
+  1,000 of each (see ``bench/cluster.py``).
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
-embedded one, in a database ``scraper_bench`` that it recreates. ``--only`` runs some parts.
+embedded one, in a database ``scraper_bench`` that it recreates (only for parts that crawl or
+upsert). ``--only`` runs some parts, and keeps the other parts' figures of earlier runs in the
+results file.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import redis  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
+from scraper.queue import keys  # noqa: E402
 from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
@@ -229,17 +235,18 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         victim.wait()
+        lease_keys = keys.lease_keys("demo")
         held = {lease_id: json.loads(value.split(b"|", 1)[1])["url"]
-                for lease_id, value in server.hgetall("demo:leased").items()}
+                for lease_id, value in server.hgetall(lease_keys["leased"]).items()}
         # A redelivered request is leased again under the same id, with a new deadline.
-        deadlines = {lease_id: server.zscore("demo:lease_deadlines", lease_id) for lease_id in held}
+        deadlines = {lease_id: server.zscore(lease_keys["deadlines"], lease_id) for lease_id in held}
         fetched = site_counts(url)
         paths = ["/" + u.split("/", 3)[3] for u in held.values()]
         successor = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         requeued = refetched = None
         while refetched is None and time.monotonic() - killed < lease + 120:
             time.sleep(0.05)
-            if requeued is None and any(server.zscore("demo:lease_deadlines", i) != d for i, d in deadlines.items()):
+            if requeued is None and any(server.zscore(lease_keys["deadlines"], i) != d for i, d in deadlines.items()):
                 requeued = time.monotonic() - killed
             counts = site_counts(url)
             if requeued is not None and all(counts.get(p, 0) > fetched.get(p, 0) for p in paths):
@@ -375,7 +382,9 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "upsert_unchanged": unchanged_rate}
 
 
-PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter")
+PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster")
+#: Parts that bring their own Redis (or use only it) and need no Postgres.
+REDIS_ONLY = {"dupefilter", "cluster"}
 
 
 def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
@@ -526,27 +535,32 @@ def main() -> None:
     parser.add_argument("--scale-concurrency", type=int, default=4)
     parser.add_argument("--p5-products", type=int, default=int(os.environ.get("PRODUCTS", "100000")))
     parser.add_argument("--dupefilter-urls", type=int, default=1_000_000)
+    parser.add_argument("--cluster-memory", type=int, default=60_000, help="requests queued to measure memory")
+    parser.add_argument("--cluster-ops", type=int, default=20_000, help="requests each client claims and pops")
+    parser.add_argument("--cluster-clients", type=int, default=3, help="client processes of the parallel run")
+    parser.add_argument("--cluster-replicas", type=int, default=0, help="replicas per master of the local cluster")
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
 
+    need_postgres = bool(set(args.only) - REDIS_ONLY)
     found = backends.resolve(Settings({
         "REDIS_URL": os.environ.get("REDIS_URL", ""),
         "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
         "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
-    }))
+    }), need_postgres=need_postgres)
     # A Redis of the bench's own when this machine has redis-server: its CPU is then the
     # crawl's alone (a shared server also works for others meanwhile).
     own = private_redis()
     redis_url = own[1] if own else with_redis_db(found.redis_url, 7)  # tests use 8-15
     server = redis.Redis.from_url(redis_url)
     server.flushdb()
-    dsn = recreate_database(found.database_url)
-    res = Results(args.results)
+    dsn = recreate_database(found.database_url) if need_postgres else ""
+    res = Results(args.results, keep_earlier=set(args.only) != set(PARTS))
     res.run["backends"] = {"redis": "private redis-server" if own else ("embedded" if found.embedded_redis else "server"),
-                           "postgres": "embedded" if found.embedded_postgres else "server"}
+                           "postgres": ("embedded" if found.embedded_postgres else "server") if need_postgres else "none"}
     print(f"backends: Redis {res.run['backends']['redis']}, Postgres {res.run['backends']['postgres']}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     try:
@@ -599,6 +613,10 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
             for key, value in figures.items():
                 if isinstance(value, (int, float)):
                     res.add("dupefilter memory", key, value, "")
+    if "cluster" in args.only:
+        import cluster
+
+        cluster.run(res, args.cluster_memory, args.cluster_ops, args.cluster_clients, args.cluster_replicas)
 
 
 if __name__ == "__main__":
