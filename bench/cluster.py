@@ -43,9 +43,10 @@ PREFETCH = 4  # SCHEDULER_PREFETCH's default
 BARRIER_TIMEOUT = 120
 
 
-def demo_requests(spider: Any, count: int, salt: str) -> list[tuple[Any, str]]:
+def demo_requests(spider: Any, count: int, salt: str, hosts: int = 1) -> list[tuple[Any, str]]:
     """(request, fingerprint) as a crawl of the demo shop queues them: product pages found on
-    listing pages, with the Referer and depth the spider middlewares add."""
+    listing pages, with the Referer and depth the spider middlewares add; with *hosts* > 1, as
+    many shops (a listing page's links stay on its shop), for a frontier sharded by domain."""
     import scrapy
     from scrapy.utils.request import RequestFingerprinter
 
@@ -54,24 +55,28 @@ def demo_requests(spider: Any, count: int, salt: str) -> list[tuple[Any, str]]:
     for i in range(count):
         slug = SLUGS[i % len(SLUGS)]
         page = i // (PER_PAGE * len(SLUGS)) + 1
-        site = f"http://127.0.0.1:8765/{salt}"
+        site = f"http://127.0.0.1:8765/{salt}" if hosts == 1 else f"http://shop{(i // PER_PAGE) % hosts}.test/{salt}"
         request = scrapy.Request(f"{site}/c/{slug}/p/{i + 1}.html", callback=spider.parse_product,
                                  headers={"Referer": f"{site}/c/{slug}/?page={page}"}, meta={"depth": page + 1})
         out.append((request, fingerprinter.fingerprint(request).hex()))
     return out
 
 
-def frontier(server: Any, name: str) -> tuple[Any, Any, Any]:
-    """(queue, set seen-state, leases) of spider *name*, under its hash-tagged keys."""
+def frontier(server: Any, name: str, shards: int = 1) -> tuple[Any, Any, Any]:
+    """(queue, set seen-state, leases) of spider *name*, under its hash-tagged keys, its
+    frontier in *shards* shards (``SCHEDULER_SHARDS``)."""
     from scraper.queue import keys
-    from scraper.queue.dupefilter import SeenSet
+    from scraper.queue.dupefilter import SeenSet, SharedDupeFilter
     from scraper.queue.leases import Leases
     from scraper.queue.queues import PriorityQueue
+    from scraper.queue.shards import Shards
     from scraper.spiders.demo import DemoSpider
 
-    queue = PriorityQueue(server, DemoSpider(), keys.queue_key(name), prefetch=PREFETCH)
-    seen = SeenSet(server, keys.dupefilter_key(name))
-    leases = Leases(server, name, keys.queue_key(name), keys.dead_key(name), ttl=3600)
+    split = Shards(name, shards)
+    queue = PriorityQueue(server, DemoSpider(), keys.queue_key(name), prefetch=PREFETCH, shards=split)
+    stores = [SeenSet(server, split.seen_key(i, keys.dupefilter_key(name))) for i in range(shards)]
+    seen = SharedDupeFilter(server, keys.dupefilter_key(name), None, stores=stores, shards=split)
+    leases = Leases(server, name, keys.queue_key(name), keys.dead_key(name), ttl=3600, shards=split)
     return queue, seen, leases
 
 
@@ -91,15 +96,15 @@ def pop_all(queue: Any) -> int:
     return popped
 
 
-def _client(url: str, name: str, count: int, barrier: Any, answers: Any) -> None:
+def _client(url: str, name: str, count: int, barrier: Any, answers: Any, shards: int = 1, salt: str = "") -> None:
     """One crawler's share of the frontier work, as its own process: claims, then pops, each
     between two barriers at which the parent reads the clock and the servers' CPU."""
     from scraper.redis_client import get_redis
 
     server = get_redis(url)
-    queue, seen, leases = frontier(server, name)
+    queue, seen, leases = frontier(server, name, shards)
     queue.leases = leases
-    requests = demo_requests(queue.spider, count, name)
+    requests = demo_requests(queue.spider, count, salt or name, hosts=1 if shards == 1 else 30 * shards)
     barrier.wait(BARRIER_TIMEOUT)
     cpu0 = time.process_time()
     claimed = claim_all(queue, seen, requests)
@@ -108,7 +113,7 @@ def _client(url: str, name: str, count: int, barrier: Any, answers: Any) -> None
     popped = pop_all(queue)
     cpu2 = time.process_time()
     barrier.wait(BARRIER_TIMEOUT)
-    answers.put((name, claimed, popped, cpu1 - cpu0, cpu2 - cpu1))
+    answers.put((salt or name, claimed, popped, cpu1 - cpu0, cpu2 - cpu1))
 
 
 class Store:
@@ -223,13 +228,16 @@ def memory(store: Store, count: int) -> dict[str, float]:
             "bloom_delta": bloom_delta / count}
 
 
-def throughput(store: Store, names: list[str], count: int) -> dict[str, Any]:
-    """Claims and pops of len(*names*) client processes at once, *count* requests each."""
+def throughput(store: Store, names: list[str], count: int, shards: int = 1) -> dict[str, Any]:
+    """Claims and pops of len(*names*) client processes at once, *count* requests each; with
+    *shards* > 1, every client works on the one spider ``names[0]``, its frontier sharded."""
     store.flush()
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(len(names) + 1)
     answers = ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(store.url, name, count, barrier, answers)) for name in names]
+    procs = [ctx.Process(target=_client, args=(store.url, names[0] if shards > 1 else name, count, barrier, answers,
+                                               shards, f"c{i}" if shards > 1 else ""))
+             for i, name in enumerate(names)]
     for proc in procs:
         proc.start()
     try:
@@ -247,10 +255,15 @@ def throughput(store: Store, names: list[str], count: int) -> dict[str, Any]:
                 proc.join()
     total = count * len(names)
     client_cpu = {"claims": sum(r[3] for r in results), "pops": sum(r[4] for r in results)}
-    for name, claimed, popped, _, _ in results:
+    if shards > 1:  # one spider: every client pops from the shared frontier, whoever queued it
+        claimed, popped = sum(r[1] for r in results), sum(r[2] for r in results)
+        if claimed != total or popped != total:
+            raise SystemExit(f"{store.label}: {claimed} claimed and {popped} popped of {total}")
+    for name, claimed, popped, _, _ in results if shards == 1 else ():
         if claimed != count or popped != count:
             raise SystemExit(f"{store.label}: {name} claimed {claimed} and popped {popped} of {count}")
-    out: dict[str, Any] = {"clients": len(names), "homes": {n: store.home(n) for n in names}}
+    out: dict[str, Any] = {"clients": len(names), "shards": shards, "homes": (
+        {n: store.home(n) for n in names} if shards == 1 else _shard_homes(store, names[0], shards))}
     for phase, (start, end) in (("claims", (marks[0], marks[1])), ("pops", (marks[1], marks[2]))):
         seconds = end[0] - start[0]
         used = {node: end[1][node] - start[1][node] for node in end[1]}
@@ -308,6 +321,22 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
                             cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()},
                             commands_per_op=p["commands_per_op"], **detail)
                     res.add(cmp, f"client CPU per 1,000 {phase}", p["client_cpu_per_1000"], "s", **detail)
+            if store.cluster is not None and clients > 1:
+                # One spider, its frontier in one shard per master: the spread several spiders get.
+                r = throughput(store, [names[0]] * clients, ops_count, shards=len(names))
+                runs.append(r)
+                print(f"  {r['clients']} client(s) of one spider, SCHEDULER_SHARDS={len(names)} "
+                      f"({', '.join(f'{t} on {h}' for t, h in r['homes'].items())}):", flush=True)
+                for phase in ("claims", "pops"):
+                    p = r[phase]
+                    print(f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
+                          f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
+                          f"{100 * p['busiest_master_cpu_share']:.0f} % of a core", flush=True)
+                    detail = {"store": store.label, "clients": r["clients"], "shards": len(names), "homes": r["homes"],
+                              "requests_per_client": ops_count}
+                    res.add(cmp, f"{phase}/s, one spider sharded", p["per_s"], f"{phase}/s", **detail)
+                    res.add(cmp, f"Redis CPU per 1,000 {phase}, one spider sharded", p["redis_cpu_per_1000"], "s",
+                            cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()}, **detail)
             figures[store.label] = {"memory": mem, "runs": runs}
         for phase in ("claims", "pops"):
             single = figures[stores[1].label]["runs"][0][phase]["redis_cpu_per_1000"]
@@ -316,9 +345,9 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
                     ceiling, f"{phase}/s", store=stores[1].label)
             print(f"one master's ceiling from its CPU per {phase[:-1]}: ~{ceiling:,.0f} {phase}/s with a core of "
                   f"its own", flush=True)
-        print("Every key of a spider carries its hash tag {spider}: one spider's frontier sits in one slot on "
-              "one master, so a single spider's claims and pops are bounded by that one master's core, however "
-              "many masters the cluster has; several spiders spread over the masters.", flush=True)
+        print("Every key of a spider carries its hash tag {spider}: unsharded, one spider's frontier sits in one "
+              "slot on one master, so its claims and pops are bounded by that master's core; with "
+              "SCHEDULER_SHARDS=N its frontier spreads over N hash tags, so over up to N masters.", flush=True)
     finally:
         for store in stores:
             if store.cluster is not None:
@@ -326,6 +355,12 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
         plain_proc.terminate()
         plain_proc.wait()
     return figures
+
+
+def _shard_homes(store: Store, name: str, shards: int) -> dict[str, str]:
+    from scraper.queue.shards import Shards
+
+    return {tag: store.home(tag.strip("{}")) for tag in Shards(name, shards).prefixes}
 
 
 def _slot_ranges(cluster: Any) -> list[tuple[int, int]]:
