@@ -171,3 +171,36 @@ def test_a_master_killed_mid_crawl_fails_over_with_nothing_lost(on_cluster: Serv
     assert sorted(pages) == sorted(catalog.pages())
     assert max(pages.values()) <= 2
     assert_each_product_stored_or_rejected_once(on_cluster.query, catalog)
+
+
+def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Services) -> None:
+    """On a single Redis too: a stopped sharded run resumes sharded whatever the new node says,
+    and requests seeded unsharded are moved into the shards of a sharded run."""
+    catalog = Catalog(products=30)
+    with DemoSite(catalog) as site:
+        # Seeded unsharded, crawled with 3 shards: moved in, crawled once.
+        seeded = run_scrapy(crawl_env(clean), "seed", "demo", site.url)
+        assert seeded.returncode == 0, seeded.stderr[-2000:]
+        first = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, SCHEDULER_SHARDS="3"), "crawl", "demo")
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert "Moved 1 requests queued unsharded into the 3 shards of demo's frontier" in first.stderr
+        assert "Spider closed (finished)" in first.stderr and "Traceback" not in first.stderr
+        pages = {p: n for p, n in site.stats()["requests"].items() if p != "/robots.txt"}
+        # The seed's claim stayed in the unsharded seen-set, so the spider's own start request
+        # for the same page was new to its shard: that page, and only it, was fetched twice.
+        assert sorted(pages) == sorted(catalog.pages()) and {p for p, n in pages.items() if n > 1} == {"/"}
+        assert clean.redis().hget("{demo}:run", "shards") == b"3"
+
+        # A stopped run of 3 shards, resumed by a node configured for 1: it keeps 3, and says so.
+        server = clean.redis()
+        seeded = run_scrapy(crawl_env(clean, SCHEDULER_SHARDS="3"), "seed", "demo", site.url + "?again=1")
+        assert seeded.returncode == 0, seeded.stderr[-2000:]
+        server.hset("{demo}:run", mapping={"id": 2, "state": "stopped", "shards": 3})
+        assert server.zcard("{demo}:requests") == 0  # in a shard, not in the unsharded queue
+        second = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stderr.count("SCHEDULER_SHARDS=1 not applied: the current run of demo has its frontier in 3 "
+                               "shards") == 1, second.stderr[-3000:]
+    assert "resuming run 2 of demo (1 queued)" in second.stderr, second.stderr[-3000:]
+    assert "Spider closed (finished)" in second.stderr
+    assert_each_product_stored_or_rejected_once(clean.query, catalog)
