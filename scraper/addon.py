@@ -20,6 +20,7 @@ from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
+from .queue.shards import shards_setting
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def validate(settings: BaseSettings) -> None:
         if settings.get(name) is not None:
             get_bool(settings, name, False)
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
+    shards_setting(settings)  # SCHEDULER_SHARDS: 1 to MAX_SHARDS
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
     read_archive_config(settings)  # ARCHIVE_*
     quality_settings(settings)  # QUALITY_*: thresholds and switches

@@ -297,3 +297,5 @@ def test_bad_dupefilter_settings_fail_at_start_with_one_line(clean) -> None:
     assert "'bogus'" in line
     check_one_line_error(run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_ERROR_RATE="2"),
                                     "crawl", "demo"), "DUPEFILTER_BLOOM_ERROR_RATE")
+    for shards in ("0", "many", "5000"):
+        check_one_line_error(run_scrapy(crawl_env(clean, SCHEDULER_SHARDS=shards), "crawl", "demo"), "SCHEDULER_SHARDS")

@@ -44,7 +44,9 @@ def spider_keys(cluster: LocalCluster) -> dict[int, list[bytes]]:
 def test_two_workers_crawl_the_demo_shop_through_a_cluster(on_cluster: Services, cluster: LocalCluster) -> None:
     catalog = Catalog(products=120)
     with DemoSite(catalog, delay_ms=20) as site:
-        env = crawl_env(on_cluster, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8")
+        # Fleet-wide politeness on: its scripts run on the master of the site's own tag.
+        env = crawl_env(on_cluster, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8", POLITENESS_CONCURRENCY="6",
+                        POLITENESS_RATE="500")
         workers = run_scrapy_many(env, ("crawl", "demo"), ("crawl", "demo"), timeout=240)
         counts = site.stats()["requests"]
     for worker in workers:
@@ -69,6 +71,8 @@ def test_two_workers_crawl_the_demo_shop_through_a_cluster(on_cluster: Services,
     assert json.loads(queue.stdout.strip().splitlines()[-1])["depth"] == 0
     runs = run_scrapy(env, "runs", "demo", "--json")
     assert runs.returncode == 0 and '"state": "finished"' in runs.stdout, runs.stderr[-2000:]
+    letters = run_scrapy(env, "dlq", "list", "demo")
+    assert letters.returncode == 0 and "0 in all for 'demo'" in letters.stdout, letters.stderr[-2000:]
 
 
 def test_a_sharded_frontier_spreads_one_spider_over_every_master(on_cluster: Services, cluster: LocalCluster) -> None:
@@ -82,7 +86,9 @@ def test_a_sharded_frontier_spreads_one_spider_over_every_master(on_cluster: Ser
             DemoSite(catalog, host="127.0.0.3", delay_ms=80) as three:
         sites = (one, two, three)
         assert sorted(shards.of_url(site.url) for site in sites) == [0, 1, 2]
-        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3")
+        # The Bloom backend here (the set one in the other tests): one filter per shard.
+        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3",
+                        DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_CAPACITY="30000")
         seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
         assert seeded.returncode == 0 and "queued 2 start URL(s)" in seeded.stdout, seeded.stderr[-2000:]
         workers = [start_crawl(env) for _ in range(2)]
