@@ -8,7 +8,7 @@ shows, requeues and purges them.
 
 One entry per request (method, URL and body): a request dead-lettered again, in a later run or
 after a requeue, replaces its entry and counts up, instead of piling up one entry per run. The
-index of entries by request lives next to the list (``<spider>:dead:index``).
+index of entries by request lives next to the list (``{<spider>}:dead:index``).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ the process has not seen itself.
 
 Where Redis keeps the fingerprints is a backend (``DUPEFILTER_BACKEND``):
 
-* ``set`` (default): a Redis set, exact, about 90 bytes per URL (``<spider>:dupefilter``);
+* ``set`` (default): a Redis set, exact, about 90 bytes per URL (``{<spider>}:dupefilter``);
 * ``bloom``: a Bloom filter, about 1.8 bytes per URL at 0.1% false positives, fixed size
-  (``<spider>:bloom``, see :mod:`.bloom`).
+  (``{<spider>}:bloom``, see :mod:`.bloom`).
 
 Both can forget fingerprints after ``DUPEFILTER_EXPIRY`` seconds (see :mod:`.generations`), so
 a site is recrawled once its pages are older than that. Both claim a fingerprint and queue its

@@ -1,6 +1,6 @@
 """A spider's current run in Redis, and the transitions between its states, each one atomic.
 
-``<spider>:run`` holds the current run: ``id``, ``state`` (running, stopped, finished),
+``{<spider>}:run`` holds the current run: ``id``, ``state`` (running, stopped, finished),
 ``started``, ``stopped``, ``finished`` and the last node's closing ``reason``. A run is
 *finished* when its queue is empty, no request is leased and no node is alive: the last node
 out notices it when it leaves, or else the next ``scrapy crawl`` does when it starts. Either
