@@ -57,7 +57,7 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+        return f"redis+cluster://127.0.0.1:{self.live_ports()[0] if self.procs else self.ports[0]}"
 
     def start(self) -> "LocalCluster":
         for port in self.ports:

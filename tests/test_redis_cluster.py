@@ -37,6 +37,16 @@ def on_cluster(clean: Services, cluster: LocalCluster) -> Services:
     return Services(cluster.url, clean.database_url)
 
 
+@pytest.fixture
+def doomed_cluster(clean: Services) -> Iterator[tuple[Services, LocalCluster]]:
+    """A cluster of its own, for a test that kills one of its masters."""
+    running = LocalCluster().start()
+    try:
+        yield Services(running.url, clean.database_url), running
+    finally:
+        running.stop()
+
+
 def spider_keys(cluster: LocalCluster) -> dict[int, list[bytes]]:
     return {port: [k for k in names if k.startswith(b"{demo}")] for port, names in cluster.keys_by_master().items()}
 
@@ -147,7 +157,8 @@ def test_keys_of_an_earlier_version_are_renamed_once(clean: Services) -> None:
     assert json.loads(shown.stdout.strip().splitlines()[-1])["depth"] == 1
 
 
-def test_a_master_killed_mid_crawl_fails_over_with_nothing_lost(on_cluster: Services, cluster: LocalCluster) -> None:
+def test_a_master_killed_mid_crawl_fails_over_with_nothing_lost(doomed_cluster: tuple[Services, LocalCluster]) -> None:
+    on_cluster, cluster = doomed_cluster
     catalog = Catalog(products=240)
     home = cluster.master_of("{demo}")
     with DemoSite(catalog, delay_ms=60) as site:
@@ -210,3 +221,42 @@ def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Serv
     assert "resuming run 2 of demo (1 queued)" in second.stderr, second.stderr[-3000:]
     assert "Spider closed (finished)" in second.stderr
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
+
+
+def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(doomed_cluster: tuple[Services, LocalCluster]) -> None:
+    """The links a page yields may sit on another master than its lease: a lease is acknowledged
+    only once a replica holds them, so a master dying with them unreplicated loses nothing."""
+    on_cluster, cluster = doomed_cluster
+    from scraper.queue.shards import Shards
+
+    shards = Shards("demo", 3)
+    catalog = Catalog(products=80)
+    with DemoSite(catalog, delay_ms=60) as one, DemoSite(catalog, host="127.0.0.2", delay_ms=60) as two, \
+            DemoSite(catalog, host="127.0.0.3", delay_ms=60) as three:
+        sites = (one, two, three)
+        # The master of a shard that is not the one of the run's own record.
+        victim = next(port for port in (cluster.master_of(shards.queue_key(shards.of_url(s.url))) for s in sites)
+                      if port != cluster.master_of("{demo}"))
+        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3",
+                        SCHEDULER_LEASE_TIMEOUT="5", SCHEDULER_IDLE_TIMEOUT="5")
+        seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
+        assert seeded.returncode == 0, seeded.stderr[-2000:]
+        workers = [start_crawl(env) for _ in range(2)]
+        wait_for(lambda: sum(s.stats()["total"] for s in sites) > 80, timeout=90)
+        cluster.kill(victim)
+        logs = [w.communicate(timeout=300)[1] for w in workers]
+        counts = [site.stats()["requests"] for site in sites]
+    for worker, log in zip(workers, logs):
+        assert worker.returncode == 0, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    assert any("Redis unreachable" in log for log in logs), "the kill went unnoticed"
+    cluster.wait_ok()
+    for requests in counts:
+        pages = {p: n for p, n in requests.items() if p != "/robots.txt"}
+        assert sorted(pages) == sorted(catalog.pages()) and max(pages.values()) <= 2
+    assert_each_product_stored_or_rejected_once(on_cluster.query, catalog)
+    assert cluster.node(cluster.master_of("{demo}")).hget("{demo}:run", "state") == b"finished"
+    # The acknowledgements waited for the replicas (WAIT on the masters that kept theirs).
+    waits = sum(int(cluster.node(p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+                for p in cluster.masters())
+    assert waits > 0

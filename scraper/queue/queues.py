@@ -73,6 +73,9 @@ class PriorityQueue(_RedisPriorityQueue):
         self._prefetched: list[tuple[str | None, float, bytes, int]] = []
         # Set by the scheduler for at-least-once delivery (see leases.py); None: plain pops.
         self.leases: Any = None
+        # Set by the scheduler on a sharded cluster (see replication.py): told which shards
+        # each flush wrote to.
+        self.barrier: Any = None
 
     def shard_of(self, request: Request) -> int:
         return self.shards.of_url(request.url) if self.shards is not None else 0
@@ -128,6 +131,8 @@ class PriorityQueue(_RedisPriorityQueue):
             else:
                 dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data, shard)
         results = pipe.execute()
+        if self.barrier is not None:
+            self.barrier.written({shard for *_, shard in staged})
         queued = sum(1 for r in results if r)
         return queued, len(results) - queued
 

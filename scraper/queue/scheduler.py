@@ -45,6 +45,7 @@ from .shards import Shards, shard_count, shards_setting
 from .nodes import NodeRegistry
 from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
+from .replication import ReplicaBarrier
 from .queues import LEASE_META, RequestSerializationError
 
 logger = logging.getLogger(__name__)
@@ -107,12 +108,14 @@ class SharedScheduler(Scheduler):
             shards=self.shards,
         )
         self.leases = None
+        self.barrier: ReplicaBarrier | None = None
         self._lease_loop: Any = None
         if self.lease_timeout > 0:
             self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
                                  self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id,
                                  shards=self.shards)
             self.queue.leases = self.leases
+            self.queue.barrier = self.barrier = ReplicaBarrier.needed(self.server, self.shards)
         if self.flush_on_start:
             self.flush()
         self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases,
@@ -121,7 +124,7 @@ class SharedScheduler(Scheduler):
         self._beat_loop: Any = None
         self._last_lease_report = float("-inf")
         self._lease_wait_since: float | None = None
-        decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self.df.shard_run_keys())
+        decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self._shard_run_keys())
         if decision.action == "wait":
             # Not on the reactor thread's time: the engine awaits this before the start requests.
             return defer.ensureDeferred(self._wait_to_begin(decision))
@@ -136,6 +139,11 @@ class SharedScheduler(Scheduler):
                            "and keeps them until it finishes (or start it again with --fresh)",
                            wanted, name, count, "" if count == 1 else "s")
         return Shards(name, count)
+
+    def _shard_run_keys(self) -> list[str]:
+        """Keys of the run in the shards' own slots: their seen-states, their replica marks."""
+        marks = [f"{prefix}:sync" for prefix in self.shards.prefixes] if self.shards.count > 1 else []
+        return self.df.shard_run_keys() + marks
 
     def _run_keys(self) -> list[str]:
         return keys.crawl_scoped_keys(self.spider.name, self.df.run_keys())
@@ -165,7 +173,7 @@ class SharedScheduler(Scheduler):
                 last_report = time.monotonic()
                 self._report_run_wait(decision)
             await task.deferLater(reactor, 0.25, lambda: None)
-            decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self.df.shard_run_keys())
+            decision = self.run.begin(self._run_keys(), self._lowest_next_id(), self.fresh, self._shard_run_keys())
         if not self._closing:
             self._begun(decision)
 
@@ -270,6 +278,8 @@ class SharedScheduler(Scheduler):
             if not self.flush_staged():
                 return
             done = self.leases.mine - self._in_progress()
+            if done and self.barrier is not None and not self.barrier.settle():
+                done = set()  # acknowledged at a next tick, once a replica has their links
             self.leases.ack(done)
             if done:
                 self.stats.inc_value("scheduler/acked", len(done))
@@ -330,14 +340,16 @@ class SharedScheduler(Scheduler):
         if returned:
             logger.info("Returned %d prefetched requests to the shared queue", returned)
         if self.leases is not None:
-            # The engine has drained: everything this node still holds is done.
-            self.leases.ack(set(self.leases.mine))
+            # The engine has drained: everything this node still holds is done (unless a
+            # replica never confirmed their links: then they run out and come back).
+            if self.barrier is None or self.barrier.settle():
+                self.leases.ack(set(self.leases.mine))
         if not self.run.run_id:
             return  # closed while waiting to begin: never part of a run
         # The run's item claims are held back from the keys dropped at its finish: gone-marking
         # reads them first (and drops them).
         outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()),
-                                       self.df.shard_run_keys())
+                                       self._shard_run_keys())
         self.run_outcome = outcome
         self.crawler.stats.set_value("run/outcome", outcome)
         gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == "finished")
