@@ -222,6 +222,19 @@ def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Serv
     assert "Spider closed (finished)" in second.stderr
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
 
+    # --fresh discards a stopped sharded run with its shards, and the new run takes the setting.
+    with DemoSite(catalog) as site:
+        seeded = run_scrapy(crawl_env(clean, SCHEDULER_SHARDS="3"), "seed", "demo", site.url + "?third=1")
+        assert seeded.returncode == 0, seeded.stderr[-2000:]
+        server.hset("{demo}:run", mapping={"id": 3, "state": "stopped", "shards": 3})
+        third = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo", "--fresh")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "Discarded the 3 shards of the current run of demo (--fresh): 1 queued or leased requests dropped" \
+        in third.stderr, third.stderr[-3000:]
+    assert "SCHEDULER_SHARDS=1 not applied" not in third.stderr
+    assert server.hget("{demo}:run", "shards") == b"1" and server.hget("{demo}:run", "id") == b"4"
+    assert not [k for k in server.keys("{demo/*")], server.keys("*")
+
 
 def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(doomed_cluster: tuple[Services, LocalCluster]) -> None:
     """The links a page yields may sit on another master than its lease: a lease is acknowledged

@@ -41,7 +41,7 @@ from ..redis_client import UNREACHABLE, get_redis
 from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_stores, seen_config
-from .shards import Shards, shard_count, shards_setting
+from .shards import Shards, discard_shards, shard_count, shards_setting
 from .nodes import NodeRegistry
 from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
@@ -82,6 +82,7 @@ class SharedScheduler(Scheduler):
 
     def open(self, spider: Spider) -> None:
         keys.migrate_legacy(self.server, spider.name)
+        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), ttl=self.node_ttl, info=self._node_info)
         self.shards = self._shards(spider.name)
         self.df = SharedDupeFilter(
             self.server,
@@ -93,7 +94,6 @@ class SharedScheduler(Scheduler):
             stores=make_stores(self.server, spider.name, self.crawler.settings, self.shards),
             shards=self.shards,
         )
-        self.nodes = NodeRegistry(self.server, keys.nodes_key(spider.name), ttl=self.node_ttl, info=self._node_info)
         self._unserializable_logged: set[str] = set()
         self._last_redis_warning = float("-inf")
         self._no_reap_until = float("-inf")
@@ -134,10 +134,21 @@ class SharedScheduler(Scheduler):
     def _shards(self, name: str) -> Shards:
         wanted = shards_setting(self.crawler.settings)
         count = shard_count(self.server, name, self.crawler.settings)
-        if count != wanted:
-            logger.warning("SCHEDULER_SHARDS=%d not applied: the current run of %s has its frontier in %d shard%s "
-                           "and keeps them until it finishes (or start it again with --fresh)",
-                           wanted, name, count, "" if count == 1 else "s")
+        if count == wanted:
+            return Shards(name, count)
+        if self.fresh and not self.nodes.live():
+            # The run is discarded (see RunState.begin), and with it the frontier in its own
+            # shard count: the next run starts on the new one.
+            if count > 1:
+                old = Shards(name, count)
+                stores = make_stores(self.server, name, self.crawler.settings, old)
+                dropped = discard_shards(self.server, old, [k for store in stores for k in store.run_keys()])
+                logger.warning("Discarded the %d shards of the current run of %s (--fresh): %d queued or leased "
+                               "requests dropped", count, name, dropped)
+            return Shards(name, wanted)
+        logger.warning("SCHEDULER_SHARDS=%d not applied: the current run of %s has its frontier in %d shard%s "
+                       "and keeps them until it finishes (or start it again with --fresh)",
+                       wanted, name, count, "" if count == 1 else "s")
         return Shards(name, count)
 
     def _shard_run_keys(self) -> list[str]:

@@ -125,3 +125,17 @@ def shard_count(server: Any, spider_name: str, settings: Any = None) -> int:
 
 def for_spider(server: Any, spider_name: str, settings: Any = None) -> Shards:
     return Shards(spider_name, shard_count(server, spider_name, settings))
+
+
+def discard_shards(server: Any, shards: Shards, run_keys: list[str]) -> int:
+    """Delete a sharded frontier (queues, leases, replica marks) and *run_keys* (its seen-state);
+    returns how many requests were queued or leased in it."""
+    dropped = 0
+    for shard in range(shards.count):
+        lease_keys = shards.lease_keys(shard)
+        dropped += server.zcard(shards.queue_key(shard)) + server.zcard(lease_keys["deadlines"])
+        for name in (shards.queue_key(shard), *lease_keys.values(), f"{shards.prefixes[shard]}:sync"):
+            server.delete(name)  # one by one: each shard in a slot of its own
+    for name in run_keys:
+        server.delete(name)
+    return dropped

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..queue import keys
 from ..queue.nodes import NodeRegistry
+from ..queue.shards import discard_shards
 from ..redis_client import register_script
 
 #: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).
@@ -190,10 +191,6 @@ class RunState:
         counts = pipe.execute()
         return [sum(counts[0::2]), sum(counts[1::2]), self.shards.count]
 
-    def _frontier_keys(self) -> list[str]:
-        return [key for shard in range(self.shards.count)
-                for key in (self.shards.queue_key(shard), *self.shards.lease_keys(shard).values())]
-
     def _drop(self, names: list[str]) -> None:
         for name in names:  # one by one: the shards' keys live in different slots
             self.server.delete(name)
@@ -216,7 +213,7 @@ class RunState:
         if self.shards is not None:
             # No node joins a run with nothing queued, so nothing was claimed in the new run yet.
             if decision.dropped:
-                self._drop(self._frontier_keys())
+                discard_shards(self.server, self.shards, [])
             if decision.action == "start" and decision.queued == 0 and decision.leased == 0:
                 self._drop(shard_run_keys or [])
         return decision
