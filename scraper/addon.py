@@ -18,6 +18,7 @@ from . import backends, shared_state
 from .archive.config import read_config as read_archive_config
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
+from .processing.config import read_config as read_processing_config
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 
@@ -72,6 +73,7 @@ def validate(settings: BaseSettings) -> None:
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
     read_archive_config(settings)  # ARCHIVE_*
+    read_processing_config(settings)  # PROCESSING_*
     quality_settings(settings)  # QUALITY_*: thresholds and switches
 
 

@@ -42,6 +42,11 @@ def run_figures_key(spider_name: str, run_id: int) -> str:
     return f"{spider_name}:run:{run_id}:figures"
 
 
+def responses_key(spider_name: str) -> str:
+    """Fetched responses waiting for ``scrapy process`` (``PROCESSING=decoupled``): a stream."""
+    return f"{spider_name}:responses"
+
+
 def dead_index_key(spider_name: str) -> str:
     """Request identity -> its entry in :func:`dead_key`: one dead letter per request."""
     return f"{spider_name}:dead:index"
