@@ -61,7 +61,12 @@ class StreamBackpressureMiddleware:
         return self.length() >= self.limit
 
     async def process_request(self, request: Request) -> None:
-        if request.callback is NO_CALLBACK or not self.over_limit():
+        if request.callback is NO_CALLBACK:
+            return None
+        if not self.over_limit():
+            # Counted now, so that the requests let through before the next look cannot,
+            # together, overshoot the limit by more than those already downloading.
+            self._length += 1
             return None
         stats = self.crawler.stats
         if not self._holding:
@@ -73,6 +78,7 @@ class StreamBackpressureMiddleware:
         try:
             while self.over_limit() and self.crawler.engine.running:
                 await maybe_deferred_to_future(task.deferLater(reactor, _WAIT_STEP, lambda: None))
+            self._length += 1
         finally:
             self._holding -= 1
             stats.inc_value("processing/backpressure_seconds", time.monotonic() - started)

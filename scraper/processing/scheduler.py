@@ -117,9 +117,11 @@ class StreamScheduler(SharedScheduler):
             self.buffer.append((entry_id, decoded, deliveries))
 
     def _bury(self, entry_id: str, fields: dict[bytes, bytes], deliveries: int, reason: str | None = None) -> None:
-        reason = reason or (f"processing: delivered {deliveries} times (PROCESSING_MAX_DELIVERIES="
-                            f"{self.config.max_deliveries}): its processors died or stalled before its items "
-                            "were committed")
+        if reason is None:
+            deliveries -= 1  # this delivery is the one that gives up
+            reason = (f"processing: delivered {deliveries} times (PROCESSING_MAX_DELIVERIES="
+                      f"{self.config.max_deliveries}), each time its processor died or stalled before "
+                      "committing its items")
         request = None
         try:
             request = entries.decode(fields).to_request(self.spider)
