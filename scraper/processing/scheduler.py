@@ -19,6 +19,7 @@ fetcher alive, for ``SCHEDULER_IDLE_TIMEOUT`` seconds.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from ..queue.dupefilter import SharedDupeFilter, make_store
 from ..queue.nodes import NodeRegistry
 from ..queue.scheduler import SharedScheduler
 from ..redis_client import UNREACHABLE
+from ..runs import record
 from . import entry as entries
 from .config import read_config
 from .stream import ResponseStream
@@ -196,6 +198,7 @@ class StreamScheduler(SharedScheduler):
             buffered = {i for i, _, _ in self.buffer}
             done = set(self.held) - self._in_engine() - buffered
             if done:
+                self._report_figures()
                 self.stream.done(done)
                 for entry_id in done:
                     self.held.pop(entry_id, None)
@@ -215,6 +218,18 @@ class StreamScheduler(SharedScheduler):
             self._redis_down(exc)
         except Exception as exc:
             logger.warning("Could not tend the stream entries: %s", exc)
+
+    def _report_figures(self) -> None:
+        """This processor's share of the run's figures (items, rejects, duplicates, dead
+        letters), written before the entries it counts are acknowledged: when the stream is
+        empty, the last fetcher out records the run's figures with every processor's in them."""
+        run_id = self.stats.get_value("run/id")
+        if not run_id:
+            return
+        figures = {stat: float(self.stats.get_value(stat, 0) or 0) for name, stat in record.FIGURES.items()
+                   if name != "pages"}  # pages are the fetchers' figure
+        self.server.hset(keys.run_figures_key(self.spider.name, run_id), f"process:{self.stream.consumer}",
+                         json.dumps(figures))
 
     def _wake_engine(self) -> None:
         # While the stream or a fetcher may bring more, the engine does not count as idle and

@@ -2,7 +2,8 @@
 
 ``<spider>:run`` holds the current run: ``id``, ``state`` (running, stopped, finished),
 ``started``, ``stopped``, ``finished`` and the last node's closing ``reason``. A run is
-*finished* when its queue is empty, no request is leased and no node is alive: the last node
+*finished* when its queue is empty, no request is leased, no fetched response waits in its
+stream (``PROCESSING=decoupled``) and no node is alive: the last node
 out notices it when it leaves, or else the next ``scrapy crawl`` does when it starts. Either
 way, the finish and the drop of the run's keys (seen-set unless ``DUPEFILTER_EXPIRY`` keeps it,
 item dedupe claims) happen in the same script that checks the condition, so no run can start
@@ -61,28 +62,30 @@ end
 """
 
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 leased, 7 lease owners,
-#       8 redeliveries, 9.. the run's keys (seen-set, item claims).
+#       8 redeliveries, 9 responses stream (PROCESSING=decoupled: fetched, not yet processed),
+#       10.. the run's keys (seen-set, item claims).
 # ARGV: 1 node, 2 now, 3 ttl, 4 lowest next id, 5 fresh, 6 figures prefix, 7 figures ttl,
 #       8 n dead, 9.. dead node ids.
 # Returns {action, run id, live nodes, queued, leased, finished run id, dropped}.
 _BEGIN = _LIVE + """
 local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-local queued, leased = redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5])
+local queued = redis.call('ZCARD', KEYS[4]) + redis.call('XLEN', KEYS[9])
+local leased = redis.call('ZCARD', KEYS[5])
 local previous, dropped = 0, 0
 if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 then
   finish(id, redis.call('HGET', KEYS[1], 'reason') or 'lost')
   state, previous = 'finished', id
 elseif id > 0 and state ~= 'finished' and live == 0 and ARGV[5] == '1' then
   dropped = queued + leased
-  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
   finish(id, 'discarded')
   state, previous, queued, leased = 'finished', id, 0, 0
 end
 local action
 if id == 0 or state == 'finished' then
   if queued == 0 and leased == 0 then
-    for i = 9, #KEYS do redis.call('DEL', KEYS[i]) end
+    for i = 10, #KEYS do redis.call('DEL', KEYS[i]) end
   end
   id = math.max(id, tonumber(ARGV[4])) + 1
   redis.call('DEL', KEYS[1], ARGV[6] .. id .. ':figures')
@@ -101,7 +104,7 @@ redis.call('HSETNX', ARGV[6] .. id .. ':figures', ARGV[1], '{}')
 return {action, id, live, queued, leased, previous, dropped}
 """
 
-# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6.. the run's keys.
+# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the run's keys.
 # ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8 n dead, 9.. dead.
 # Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on) or
 # 'gone' (the run is no longer this node's: another node ended it while this one was silent).
@@ -114,8 +117,8 @@ if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'reason', ARGV[5])
 if live > 0 then return {'running', live} end
-if redis.call('ZCARD', KEYS[4]) == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
-  for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
+if redis.call('ZCARD', KEYS[4]) == 0 and redis.call('ZCARD', KEYS[5]) == 0 and redis.call('XLEN', KEYS[6]) == 0 then
+  for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
   finish(ARGV[4], ARGV[5])
   return {'finished', 0}
 end
@@ -179,7 +182,7 @@ class RunState:
         dead = self.nodes.dead_here()
         reply = self._begin(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
-                  redeliveries, *run_keys],
+                  redeliveries, keys.responses_key(self.spider), *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
                   self.figures_prefix, FIGURES_KEEP, len(dead), *dead],
         )
@@ -192,7 +195,8 @@ class RunState:
         deadlines = self._lease_keys()[0]
         dead = self.nodes.dead_here()
         outcome, live = self._leave(
-            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, *run_keys],
+            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines,
+                  keys.responses_key(self.spider), *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
                   FIGURES_KEEP, len(dead), *dead],
         )
