@@ -66,6 +66,9 @@ def run(env: dict[str, str], commands: list[tuple[str, ...]], dsn: str, server: 
 
 VARIANTS: list[tuple[str, list[tuple[str, ...]], dict[str, str], list[int]]] = [
     ("in-process, 1 crawler", [("crawl", "demo")], {}, [0]),
-    ("decoupled, 1 fetcher + 1 processor", [("crawl", "demo"), ("process", "demo")], {"PROCESSING": "decoupled"}, [0]),
+    # The processor may start before the fetcher has joined the run: it must not take the empty
+    # stream for the end (the bench's SCHEDULER_IDLE_TIMEOUT is 0).
+    ("decoupled, 1 fetcher + 1 processor",
+     [("crawl", "demo"), ("process", "demo", "-s", "SCHEDULER_IDLE_TIMEOUT=5")], {"PROCESSING": "decoupled"}, [0]),
     ("in-process, 2 crawlers", [("crawl", "demo"), ("crawl", "demo")], {}, [0, 1]),
 ]

@@ -63,7 +63,8 @@ from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
 
-BENCH_DB = "scraper_bench"
+# Another name (BENCH_DATABASE) lets two benches share one Postgres server without dropping each other.
+BENCH_DB = os.environ.get("BENCH_DATABASE", "scraper_bench")
 
 PLAIN = [
     "-s", "SCHEDULER=scrapy.core.scheduler.Scheduler",
