@@ -236,3 +236,43 @@ def test_a_bad_processing_setting_fails_at_start_naming_it(clean, name: str, val
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(f"error: {name}:"), result.stderr[-2000:]
         assert "Traceback" not in result.stderr
+
+
+def test_a_database_outage_pauses_processors_not_fetchers(clean, tmp_path: Path) -> None:
+    from test_storage_outage import StoppablePostgres
+
+    postgres = StoppablePostgres(tmp_path / "pg")
+    limit = 30
+    catalog = Catalog(products=150)
+    try:
+        with DemoSite(catalog, delay_ms=20) as site:
+            env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, PROCESSING="decoupled",
+                            PROCESSING_MAX_PENDING=str(limit), PROCESSING_CLAIM_IDLE="2", CONCURRENT_REQUESTS="4",
+                            POSTGRES_RETRY_TIMEOUT="300", SCHEDULER_IDLE_TIMEOUT="5", METRICS_ENABLED="false")
+            fetcher = Proc(env, "crawl", "demo")
+            processor = Proc(env, "process", "demo")
+            redis = clean.redis()
+            wait_for(lambda: postgres.count("products") >= 15, timeout=120)
+            postgres.stop()
+            # The processor cannot commit, so it acknowledges nothing; the fetcher goes on until the
+            # stream holds its bound.
+            wait_for(lambda: redis.xlen("demo:responses") >= limit, timeout=120)
+            time.sleep(3 * 2)  # past PROCESSING_CLAIM_IDLE several times over
+            pending = redis.xpending_range("demo:responses", GROUP, min="-", max="+", count=1000)
+            postgres.start()
+            logs = [fetcher.finish(), processor.finish()]
+        for log in logs:
+            assert "Spider closed (finished)" in log, log[-3000:]
+            assert "Traceback" not in log, log[-3000:]
+        assert "holding new downloads" in logs[0]
+        assert "Database unavailable" in logs[1]
+        # Held by the paused processor all along, renewed: never taken over, never dead-lettered.
+        assert pending and all(p["times_delivered"] == 1 for p in pending)
+        assert "Took over" not in logs[1]
+        assert_each_product_stored_or_rejected_once(postgres.query, catalog)
+        assert_all_done(clean)
+    finally:
+        try:
+            postgres.server.cleanup()
+        except Exception:
+            pass
