@@ -114,12 +114,15 @@ def test_two_fetchers_two_processors_one_killed_mid_batch(clean, tmp_path: Path)
     assert max(pages.values()) == 1
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
     assert_all_done(clean, "slowproc")
+    # The victim's consumer was dropped once it held nothing; the survivor left the group as it closed.
+    assert clean.redis().xinfo_consumers("slowproc:responses", GROUP) == []
     # The run's figures have the processors' items in them (the victim's last ones are counted
-    # by the survivor that processed its entries again, as unchanged).
+    # by the survivor that processed its entries again, as unchanged); the 2 fetchers and the
+    # survivor reported, the victim if it got to acknowledge anything before its death.
     [(state, new, unchanged, nodes)] = clean.query(
         "SELECT state, items_new, items_unchanged, nodes_seen FROM crawl_runs WHERE spider = 'slowproc'")
     stored = clean.query("SELECT count(*) FROM products")[0][0]
-    assert state == "finished" and 0 < new <= stored <= new + unchanged and nodes == 4
+    assert state == "finished" and 0 < new <= stored <= new + unchanged and nodes >= 3
 
 
 def test_fetchers_hold_downloads_while_the_stream_is_full_and_no_secret_enters_it(clean, tmp_path: Path) -> None:

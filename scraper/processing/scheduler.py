@@ -106,6 +106,8 @@ class StreamScheduler(SharedScheduler):
             if read:
                 self.stats.inc_value("processing/claimed", len(read))
                 logger.warning("Took over %d responses from processors that stopped renewing them", len(read))
+                # Their consumers hold nothing now; left in the group they would pile up.
+                self.stream.forget_idle_consumers(self.config.claim_idle)
         for entry_id, fields, deliveries in read:
             self.held[entry_id] = deliveries
             if deliveries > self.config.max_deliveries:
@@ -250,6 +252,8 @@ class StreamScheduler(SharedScheduler):
                 if self.buffer:
                     logger.info("Gave back %d unprocessed responses to the stream", len(self.buffer))
                 self.held.clear()
+                if not self.buffer:
+                    self.stream.leave()
                 self.buffer.clear()
             else:
                 logger.error("Redis unreachable while closing: %d stream entries stay pending; another processor "

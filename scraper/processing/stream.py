@@ -42,6 +42,30 @@ return lost
 """
 
 
+# KEYS: stream. ARGV: group, min idle (ms), this consumer. Atomic: no entry is read by a consumer
+# between the look at it and its removal.
+_FORGET = """
+local dropped = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[3] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    dropped = dropped + 1
+  end
+end
+return dropped
+"""
+
+
+# KEYS: stream. ARGV: group, consumer.
+_LEAVE = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -52,6 +76,8 @@ class ResponseStream:
         self.key = keys.responses_key(spider_name)
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._renew = server.register_script(_RENEW)
+        self._forget = server.register_script(_FORGET)
+        self._leave = server.register_script(_LEAVE)
         self._claim_from = "0-0"
 
     def ensure_group(self) -> None:
@@ -122,6 +148,16 @@ class ResponseStream:
         for entry_id, deliveries in ids.items():
             self.server.xclaim(self.key, GROUP, self.consumer, 0, [entry_id], idle=10**9,
                                retrycount=max(0, deliveries - 1), justid=True)
+
+    def forget_idle_consumers(self, min_idle: float) -> int:
+        """Drop group members (other than this one) that hold nothing and have been idle for
+        *min_idle* seconds: processors that died or stopped. One that holds entries is kept, or
+        those would be lost. Returns how many were dropped."""
+        return int(self._forget(keys=[self.key], args=[GROUP, int(min_idle * 1000), self.consumer]))
+
+    def leave(self) -> bool:
+        """Leave the group if this consumer holds nothing (a clean stop); True if it left."""
+        return bool(self._leave(keys=[self.key], args=[GROUP, self.consumer]))
 
     def pending(self) -> int:
         """Entries delivered to a processor and not yet acknowledged."""
