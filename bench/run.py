@@ -23,6 +23,8 @@ comparison it belongs to), so that successive runs can be compared.
 * decoupled: ``PROCESSING=decoupled`` (1 fetcher + 1 processor) against 1 and 2 in-process
   crawlers, pages served instantly: pages/s, and CPU seconds of every process (see
   ``bench/decoupled.py``).
+* reprocess: ``scrapy reprocess`` pages/s against the live crawl's, pages served instantly and at
+  100 ms per page (see ``bench/reprocess.py``).
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
@@ -379,7 +381,7 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "upsert_unchanged": unchanged_rate}
 
 
-PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "decoupled")
+PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "decoupled", "reprocess")
 
 
 def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
@@ -547,6 +549,35 @@ def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
         site.wait()
 
 
+def reprocess_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    import reprocess
+
+    site, url = start_site(args.decoupled_products, 0)
+    slow, slow_url = start_site(args.decoupled_products, 100)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn,
+               "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        print(f"\nreprocess vs the live crawl: {args.decoupled_products} products, archive on ...", flush=True)
+
+        def fresh() -> None:
+            server.flushdb()
+            drop_tables(dsn)
+
+        r = reprocess.measure(env, url, slow_url, fresh)
+    finally:
+        for proc in (site, slow):
+            proc.terminate()
+            proc.wait()
+    cmp = "reprocess vs live crawl"
+    for name, key in (("live crawl, pages served instantly", "live_pages_per_s"),
+                      ("live crawl, 100 ms per page", "live_100ms_pages_per_s"), ("reprocess", "reprocess_pages_per_s")):
+        print(f"{name:40}{r[key]:>9.0f} pages/s", flush=True)
+        res.add(cmp, f"{name} pages/s", r[key], "pages/s", pages=r["pages"])
+    for name, key in (("pages served instantly", "live_pages_per_s"), ("100 ms per page", "live_100ms_pages_per_s")):
+        ratio = res.add(cmp, f"reprocess / live crawl ({name})", r["reprocess_pages_per_s"] / r[key], "x")
+        print(f"reprocess / live crawl, {name}: {ratio:.1f}x (aim >= 5x)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
@@ -626,6 +657,8 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
             res.add("upsert", f"{label} / plain COPY", up[name] / up["copy"], "x", rows_per_s=round(up[name]))
     if "decoupled" in args.only:
         decoupled_part(args, res, redis_url, server, dsn)
+    if "reprocess" in args.only:
+        reprocess_part(args, res, redis_url, server, dsn)
     if "dupefilter" in args.only:
         print(f"\ndupefilter memory, set vs Bloom filter, {args.dupefilter_urls:,} URLs ...", flush=True)
         import dupefilter_memory
