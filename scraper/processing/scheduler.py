@@ -28,7 +28,6 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
-from ..config import get_float
 from ..queue import keys
 from ..queue.dead_letters import DeadLetters
 from ..queue.dupefilter import SharedDupeFilter, make_store
@@ -100,14 +99,17 @@ class StreamScheduler(SharedScheduler):
     # --- taking entries -------------------------------------------------------------------------
     def _fill(self) -> None:
         read = [(i, f, 1) for i, f in self.stream.read(self.config.batch)]
-        if not read and time.monotonic() >= self._next_claim:
+        # On its own clock, not only when nothing new comes: under steady load a dead
+        # processor's entries would otherwise wait for the end of the crawl.
+        if time.monotonic() >= self._next_claim:
             self._next_claim = time.monotonic() + self._claim_every
-            read = self.stream.claim(self.config.claim_idle, self.config.batch)
-            if read:
-                self.stats.inc_value("processing/claimed", len(read))
-                logger.warning("Took over %d responses from processors that stopped renewing them", len(read))
+            claimed = self.stream.claim(self.config.claim_idle, self.config.batch)
+            if claimed:
+                self.stats.inc_value("processing/claimed", len(claimed))
+                logger.warning("Took over %d responses from processors that stopped renewing them", len(claimed))
                 # Their consumers hold nothing now; left in the group they would pile up.
                 self.stream.forget_idle_consumers(self.config.claim_idle)
+            read += claimed
         for entry_id, fields, deliveries in read:
             self.held[entry_id] = deliveries
             if deliveries > self.config.max_deliveries:
