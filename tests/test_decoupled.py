@@ -47,6 +47,13 @@ class Proc:
         return text
 
 
+def start_processors(env: dict[str, str], spider: str, redis, count: int = 1, cwd: Path = ROOT) -> list[Proc]:
+    """Processors, once a fetcher has joined the run: one that started first would find an empty
+    stream and no fetcher, and close after SCHEDULER_IDLE_TIMEOUT (1 s in these tests)."""
+    wait_for(lambda: redis.hlen(f"{spider}:nodes") > 0, timeout=120, step=0.05)
+    return [Proc(env, "process", spider, cwd=cwd) for _ in range(count)]
+
+
 def assert_all_done(clean, spider: str = "demo") -> None:
     redis = clean.redis()
     stream = f"{spider}:responses"
@@ -81,9 +88,9 @@ def test_two_fetchers_two_processors_one_killed_mid_batch(clean, tmp_path: Path)
                         PROCESSING_CLAIM_IDLE="2", CONCURRENT_REQUESTS="4", SCHEDULER_IDLE_TIMEOUT="3",
                         METRICS_ENABLED="false")
         fetchers = [Proc(env, "crawl", "slowproc", cwd=project) for _ in range(2)]
-        processors = [Proc(env, "process", "slowproc", cwd=project) for _ in range(2)]
-        victim = processors[0]
         redis = clean.redis()
+        processors = start_processors(env, "slowproc", redis, count=2, cwd=project)
+        victim = processors[0]
 
         def victim_holds_entries() -> int:
             if not redis.exists("slowproc:responses"):
@@ -136,8 +143,8 @@ def test_fetchers_hold_downloads_while_the_stream_is_full_and_no_secret_enters_i
                         SCRAPING_API_KEY=key, SCRAPING_API_URL=api.url, METRICS_ENABLED="false")
         # One processor, slower than the fetcher: without the bound the stream would take every page.
         fetcher = Proc(env, "crawl", "slowproc", cwd=project)
-        processor = Proc(env, "process", "slowproc", cwd=project)
         redis = clean.redis()
+        [processor] = start_processors(env, "slowproc", redis, cwd=project)
         lengths, entries = [], []
         deadline = time.monotonic() + 240
         while fetcher.proc.poll() is None and time.monotonic() < deadline:
@@ -253,8 +260,8 @@ def test_a_database_outage_pauses_processors_not_fetchers(clean, tmp_path: Path)
                             PROCESSING_MAX_PENDING=str(limit), PROCESSING_CLAIM_IDLE="2", CONCURRENT_REQUESTS="4",
                             POSTGRES_RETRY_TIMEOUT="300", SCHEDULER_IDLE_TIMEOUT="5", METRICS_ENABLED="false")
             fetcher = Proc(env, "crawl", "demo")
-            processor = Proc(env, "process", "demo")
             redis = clean.redis()
+            [processor] = start_processors(env, "demo", redis)
             wait_for(lambda: postgres.count("products") >= 15, timeout=120)
             postgres.stop()
             # The processor cannot commit, so it acknowledges nothing; the fetcher goes on until the
@@ -279,3 +286,23 @@ def test_a_database_outage_pauses_processors_not_fetchers(clean, tmp_path: Path)
             postgres.server.cleanup()
         except Exception:
             pass
+
+
+def test_a_decoupled_run_marks_gone_what_its_processors_did_not_see(clean, site) -> None:
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, PROCESSING="decoupled", METRICS_ENABLED="false")
+    redis = clean.redis()
+
+    def run() -> str:
+        fetcher = Proc(env, "crawl", "demo")
+        [processor] = start_processors(env, "demo", redis)
+        logs = [fetcher.finish(), processor.finish()]
+        for log in logs:
+            assert "Spider closed (finished)" in log and "Traceback" not in log, log[-3000:]
+        return logs[0]
+
+    run()
+    removed = site.remove(3)
+    skus = {site.catalog.with_removed(()).product(pid).sku for pid in removed}
+    log = run()
+    assert {sku for (sku,) in clean.query("SELECT sku FROM products WHERE gone_at IS NOT NULL")} == skus
+    assert "3 row(s) not seen in it marked gone" in log
