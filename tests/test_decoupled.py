@@ -19,6 +19,7 @@ from scrapy.utils.test import get_crawler
 from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
 from scraper.demo_site import Catalog, DemoSite
 from scraper.processing import entry
+from scraper.processing.backpressure import StreamBackpressureMiddleware
 from scraper.processing.scheduler import StreamScheduler
 from scraper.processing.stream import GROUP, ResponseStream
 from scraper.scraping_api.standin import StandIn
@@ -233,6 +234,33 @@ def test_a_closing_processor_gives_back_what_it_read_and_did_not_process(clean) 
     assert request is not None and request.url.endswith("/p/2.html")
     pending = redis.xpending_range("demo:responses", GROUP, min="-", max="+", count=10)
     assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"second", 1)]
+
+
+def test_the_fetchers_bound_counts_the_downloads_it_lets_through(clean) -> None:
+    for number in range(3):
+        _add_product_page(clean, number)
+    crawler = get_crawler(DemoSpider, {"REDIS_URL": clean.redis_url, "PROCESSING": "decoupled",
+                                       "PROCESSING_MAX_PENDING": "5", "DEMO_SITE_URL": "http://shop.test/"})
+    crawler.spider = crawler._create_spider()
+    middleware = StreamBackpressureMiddleware.from_crawler(crawler)
+    middleware.look_every = 3600  # one look at the stream for the whole test
+
+    def let_through() -> bool:
+        request = Request("http://shop.test/p/9.html", callback=crawler.spider.parse_product)
+        step = middleware.process_request(request)
+        try:
+            step.send(None)
+        except StopIteration:
+            return True
+        step.close()  # held: it waits for room
+        return False
+
+    # 3 in the stream, limit 5: two downloads may start before the next look, not more.
+    assert [let_through() for _ in range(4)] == [True, True, False, False]
+    assert crawler.stats.get_value("processing/backpressure_waits") == 2
+    clean.redis().delete("demo:responses")  # the processors caught up
+    middleware._looked_at = float("-inf")
+    assert let_through()
 
 
 @pytest.mark.parametrize("name, value", [("PROCESSING", "sideways"), ("PROCESSING_MAX_PENDING", "lots"),

@@ -38,6 +38,7 @@ class StreamBackpressureMiddleware:
         self._length = 0
         self._looked_at = float("-inf")
         self._holding = 0
+        self.look_every = _LOOK_EVERY
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "StreamBackpressureMiddleware":
@@ -49,7 +50,7 @@ class StreamBackpressureMiddleware:
 
     def length(self) -> int:
         now = time.monotonic()
-        if now - self._looked_at >= _LOOK_EVERY:
+        if now - self._looked_at >= self.look_every:
             try:
                 self._length = len(self.stream)
             except UNREACHABLE:
@@ -59,6 +60,12 @@ class StreamBackpressureMiddleware:
 
     def over_limit(self) -> bool:
         return self.length() >= self.limit
+
+    def _running(self) -> bool:
+        try:
+            return bool(self.crawler.engine.running)
+        except RuntimeError:  # no engine yet: nothing is stopping
+            return True
 
     async def process_request(self, request: Request) -> None:
         if request.callback is NO_CALLBACK:
@@ -76,7 +83,8 @@ class StreamBackpressureMiddleware:
         stats.inc_value("processing/backpressure_waits")
         started = time.monotonic()
         try:
-            while self.over_limit() and self.crawler.engine.running:
+            # A stopping crawl lets them go: its close waits for every download under way.
+            while self.over_limit() and self._running():
                 await maybe_deferred_to_future(task.deferLater(reactor, _WAIT_STEP, lambda: None))
             self._length += 1
         finally:
