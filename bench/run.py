@@ -23,6 +23,11 @@ comparison it belongs to), so that successive runs can be compared.
 * cluster: one Redis vs a local 3-master Redis Cluster: bytes per queued request, per seen URL
   and per lease, claims/s and pops/s with one and several client processes, Redis CPU per
   1,000 of each (see ``bench/cluster.py``).
+* decoupled: ``PROCESSING=decoupled`` (1 fetcher + 1 processor) against 1 and 2 in-process
+  crawlers, pages served instantly: pages/s, and CPU seconds of every process (see
+  ``bench/decoupled.py``).
+* reprocess: ``scrapy reprocess`` pages/s against the live crawl's, pages served instantly and at
+  100 ms per page (see ``bench/reprocess.py``).
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
@@ -66,7 +71,8 @@ from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
 
-BENCH_DB = "scraper_bench"
+# Another name (BENCH_DATABASE) lets two benches share one Postgres server without dropping each other.
+BENCH_DB = os.environ.get("BENCH_DATABASE", "scraper_bench")
 
 PLAIN = [
     "-s", "SCHEDULER=scrapy.core.scheduler.Scheduler",
@@ -382,7 +388,7 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "upsert_unchanged": unchanged_rate}
 
 
-PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster")
+PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster", "decoupled", "reprocess")
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
 
@@ -523,6 +529,64 @@ def p5(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
             samples=[[round(t), int(p), round(rss / 2**20, 1)] for t, p, rss in samples])
 
 
+def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    import decoupled
+
+    site, url = start_site(args.decoupled_products, 0)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        print(f"\ndecoupled vs in-process: {args.decoupled_products} products, pages served instantly ...", flush=True)
+        print(f"{'':40}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawl CPU s':>12}{'all CPU s':>10}{'pages/CPU s':>12}")
+        one = None
+        for name, commands, extra, done_when in decoupled.VARIANTS:
+            server.flushdb()
+            drop_tables(dsn)
+            r = decoupled.run({**env, **extra}, commands, dsn, server, done_when)
+            one = one or r
+            per_cpu = r["pages"] / r["all_cpu_s"]
+            print(f"{name:40}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['crawl_cpu_s']:>12.1f}"
+                  f"{r['all_cpu_s']:>10.1f}{per_cpu:>12.1f}", flush=True)
+            cmp = "decoupled vs in-process"
+            res.add(cmp, f"{name} pages/s", r["pages_per_s"], "pages/s", pages=r["pages"], items=r["items"])
+            res.add(cmp, f"{name} CPU seconds, crawl processes", r["crawl_cpu_s"], "s")
+            res.add(cmp, f"{name} CPU seconds, with Redis and Postgres", r["all_cpu_s"], "s")
+            res.add(cmp, f"{name} pages per CPU second (all)", per_cpu, "pages/s")
+            res.add(cmp, f"{name} / 1 in-process crawler pages/s", r["pages_per_s"] / one["pages_per_s"], "x")
+    finally:
+        site.terminate()
+        site.wait()
+
+
+def reprocess_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    import reprocess
+
+    site, url = start_site(args.decoupled_products, 0)
+    slow, slow_url = start_site(args.decoupled_products, 100)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn,
+               "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        print(f"\nreprocess vs the live crawl: {args.decoupled_products} products, archive on ...", flush=True)
+
+        def fresh() -> None:
+            server.flushdb()
+            drop_tables(dsn)
+
+        r = reprocess.measure(env, url, slow_url, fresh)
+    finally:
+        for proc in (site, slow):
+            proc.terminate()
+            proc.wait()
+    cmp = "reprocess vs live crawl"
+    for name, key in (("live crawl, pages served instantly", "live_pages_per_s"),
+                      ("live crawl, 100 ms per page", "live_100ms_pages_per_s"), ("reprocess", "reprocess_pages_per_s")):
+        print(f"{name:40}{r[key]:>9.0f} pages/s", flush=True)
+        res.add(cmp, f"{name} pages/s", r[key], "pages/s", pages=r["pages"])
+    for name, key in (("pages served instantly", "live_pages_per_s"), ("100 ms per page", "live_100ms_pages_per_s")):
+        ratio = res.add(cmp, f"reprocess / live crawl ({name})", r["reprocess_pages_per_s"] / r[key], "x")
+        print(f"reprocess / live crawl, {name}: {ratio:.1f}x (aim >= 5x)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
@@ -541,6 +605,7 @@ def main() -> None:
     parser.add_argument("--cluster-replicas", type=int, default=0, help="replicas per master of the local cluster")
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
+    parser.add_argument("--decoupled-products", type=int, default=2000)
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
@@ -604,6 +669,10 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
             print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
                   f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
             res.add("upsert", f"{label} / plain COPY", up[name] / up["copy"], "x", rows_per_s=round(up[name]))
+    if "decoupled" in args.only:
+        decoupled_part(args, res, redis_url, server, dsn)
+    if "reprocess" in args.only:
+        reprocess_part(args, res, redis_url, server, dsn)
     if "dupefilter" in args.only:
         print(f"\ndupefilter memory, set vs Bloom filter, {args.dupefilter_urls:,} URLs ...", flush=True)
         import dupefilter_memory

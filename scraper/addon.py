@@ -18,6 +18,7 @@ from . import backends, shared_state
 from .archive.config import read_config as read_archive_config
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
+from .processing.config import read_config as read_processing_config
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 from .queue.shards import shards_setting
@@ -74,6 +75,7 @@ def validate(settings: BaseSettings) -> None:
     shards_setting(settings)  # SCHEDULER_SHARDS: 1 to MAX_SHARDS
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
     read_archive_config(settings)  # ARCHIVE_*
+    read_processing_config(settings)  # PROCESSING_*
     quality_settings(settings)  # QUALITY_*: thresholds and switches
 
 

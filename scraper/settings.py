@@ -91,6 +91,14 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             record points at is kept too.
 ``ARCHIVE_FILE_SIZE``       Bytes before the archive starts a new file (104857600).
 ``ARCHIVE_FILE_AGE``        Seconds before the archive starts a new file (300).
+``PROCESSING``              ``inline`` (default: each crawl node runs the callbacks) or ``decoupled``:
+                            crawl nodes fetch and hand each response to a Redis Stream, and
+                            ``scrapy process SPIDER`` workers run the callbacks and pipelines.
+``PROCESSING_MAX_PENDING``  Responses the stream may hold before fetchers hold new downloads (1000).
+``PROCESSING_CLAIM_IDLE``   Seconds a processor may hold an entry unrenewed (it died) before
+                            another takes it over (60).
+``PROCESSING_MAX_DELIVERIES``  Deliveries of one entry before it becomes a dead letter (3).
+``PROCESSING_BATCH``        Entries a processor reads per round trip (16).
 ``QUALITY_ENABLED``         Check each finished run's data quality (true); see README, Data quality.
 ``QUALITY_BASELINE_RUNS``   A finished run is compared with the spider's last N checked runs (5).
 ``QUALITY_MIN_ITEMS``       Fewer stored items of a type (or prices of a currency): their coverage
@@ -243,6 +251,8 @@ EXTENSIONS = {
     # After RunRecorder: a run's data quality is checked once its figures are final.
     "scraper.quality.monitor.QualityMonitor": 160,
     "scraper.extensions.progress.ProgressLog": 500,
+    # PROCESSING=decoupled only: a fetcher stays while the stream holds responses.
+    "scraper.processing.keepalive.StreamKeepAlive": 110,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
 }
@@ -281,6 +291,10 @@ DOWNLOADER_MIDDLEWARES = {
     "scraper.middlewares.backpressure.StoreBackpressureMiddleware": 10,
     # Frontmost, so its process_response runs last and sees exactly what the spider gets.
     "scraper.archive.middleware.ArchiveMiddleware": 1,
+    # PROCESSING=decoupled only. In front of the archive: hands over what the archive saw.
+    "scraper.processing.handoff.HandoffMiddleware": 0,
+    # PROCESSING=decoupled only: no new download while the stream is full.
+    "scraper.processing.backpressure.StreamBackpressureMiddleware": 5,
 }
 
 # --- raw archive (scraper/archive) -----------------------------------------------------------
@@ -291,6 +305,13 @@ ARCHIVE_S3_ENDPOINT = _env("ARCHIVE_S3_ENDPOINT", "")  # an S3-compatible server
 ARCHIVE_RETENTION_DAYS = _env("ARCHIVE_RETENTION_DAYS", "30")
 ARCHIVE_FILE_SIZE = _env("ARCHIVE_FILE_SIZE", str(100 * 1024 * 1024))  # bytes before a new file
 ARCHIVE_FILE_AGE = _env("ARCHIVE_FILE_AGE", "300")  # seconds before a new file
+
+# --- processing apart from fetching (scraper/processing) ------------------------------------
+PROCESSING = _env("PROCESSING", "inline")  # inline | decoupled
+PROCESSING_MAX_PENDING = _env("PROCESSING_MAX_PENDING", "1000")
+PROCESSING_CLAIM_IDLE = _env("PROCESSING_CLAIM_IDLE", "60")
+PROCESSING_MAX_DELIVERIES = _env("PROCESSING_MAX_DELIVERIES", "3")
+PROCESSING_BATCH = _env("PROCESSING_BATCH", "16")
 
 # --- metrics (Prometheus) -------------------------------------------------------------------
 METRICS_ENABLED = _env("METRICS_ENABLED", "true")

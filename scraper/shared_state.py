@@ -39,6 +39,8 @@ SHARED_COMPONENTS: dict[str, tuple[str, ...]] = {
         "scraper.politeness.middleware.PolitenessMiddleware",
         "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware",
         "scraper.middlewares.backpressure.StoreBackpressureMiddleware",
+        "scraper.processing.handoff.HandoffMiddleware",
+        "scraper.processing.backpressure.StreamBackpressureMiddleware",
     ),
     "SPIDER_MIDDLEWARES": ("scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware",),
     "EXTENSIONS": (
@@ -46,6 +48,7 @@ SHARED_COMPONENTS: dict[str, tuple[str, ...]] = {
         "scraper.monitoring.exporter.MetricsExporter",
         "scraper.extensions.progress.ProgressLog",
         "scraper.extensions.summary.CrawlSummary",
+        "scraper.processing.keepalive.StreamKeepAlive",
     ),
 }
 

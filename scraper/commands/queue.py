@@ -3,7 +3,7 @@
 For each spider with state in Redis: queue depth, age of the oldest queued request, live nodes
 and their in-flight requests, seen-set size (estimated for a Bloom filter), and pages/items per
 minute across the fleet (sampled over ``--interval`` seconds from what each node reports with
-its heartbeat).
+its heartbeat); with ``PROCESSING=decoupled``, the responses in the stream not processed yet.
 ``--watch`` repeats until interrupted.
 """
 
@@ -45,6 +45,8 @@ def snapshot(server: Any, name: str, now: float | None = None, settings: Any = N
         "pages": sum(int(i.get("pages", 0)) for i in infos),
         "items": sum(int(i.get("items", 0)) for i in infos),
         "dead": server.llen(keys.dead_key(name)),
+        # PROCESSING=decoupled: fetched, not yet processed (waiting, or in a processor's hands).
+        "responses": server.xlen(keys.responses_key(name)),
     }
 
 
@@ -116,5 +118,6 @@ class Command(ScrapyCommand):
         for r in rows:
             print(f"{r['spider']:16}{r['depth']:>9}{_age(r['oldest_age']):>8}{r['nodes']:>7}{r['inflight']:>10}"
                   f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
+                  + (f"   ({r['responses']} responses wait for `scrapy process {r['spider']}`)" if r["responses"] else "")
                   + (f"   ({r['dead']} dead letters: scrapy dlq list {r['spider']})" if r["dead"] else ""))
         sys.stdout.flush()

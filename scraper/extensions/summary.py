@@ -108,6 +108,12 @@ class CrawlSummary:
         values = stats.get_stats()
         run = f", run {values['run/id']} of {self.crawler.spider.name}" if values.get("run/id") else ""
         logger.info("Crawl summary (%s%s): %s", reason, run, summarize(values, now - self.started))
+        if values.get("processing/handed_off"):
+            logger.info("PROCESSING=decoupled: %d responses handed to the stream; their items are stored by "
+                        "`scrapy process %s` and counted in the run's figures (`scrapy runs`). The run finishes "
+                        "once the stream is empty too", values["processing/handed_off"], self.crawler.spider.name)
+        if values.get("processing/entries") is not None or self.crawler.settings.getbool("PROCESSING_PROCESSOR"):
+            return  # a processor fetches nothing: no page fetched is no fault of its spider
         # robots.txt answers count as responses; they are not the pages the crawl is for.
         pages = values.get("response_received_count", 0) - values.get("robotstxt/response_count", 0)
         if pages and not self.start_dropped:

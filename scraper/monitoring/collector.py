@@ -85,6 +85,9 @@ class CrawlCollector(Collector):
         yield _gauge("scraper_queue_depth", "Requests waiting in the shared queue.", s, queue.get("depth", 0))
         yield _gauge("scraper_queue_oldest_age_seconds", "Age of the oldest queued request.", s,
                      queue.get("oldest_age", 0))
+        yield _gauge("scraper_processing_pending_responses",
+                     "Fetched responses in the stream not yet processed (PROCESSING=decoupled).", s,
+                     queue.get("responses", 0))
         yield _gauge("scraper_dupefilter_size", "Fingerprints in the shared seen-set (estimated for a Bloom filter).",
                      s, queue.get("seen", 0))
         yield _counter("scraper_queue_enqueued", "Requests this process added to the shared queue.", ["spider"],
@@ -139,6 +142,7 @@ def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
     """Read the shared queue's depth, age and seen-set size; cached for a second so that
     several Prometheus servers scraping at once cost Redis one read."""
     from ..queue.dupefilter import seen_size
+    from ..queue.keys import responses_key
     from ..queue.queues import frontier
 
     cache: dict[str, Any] = {"at": 0.0, "value": {}}
@@ -155,6 +159,7 @@ def queue_reader(crawler: Any, server: Any) -> Callable[[], dict[str, float]]:
                 "depth": float(len(queue)),
                 "oldest_age": queue.oldest_age(),
                 "seen": seen_size(server, spider.name, crawler.settings),
+                "responses": float(server.xlen(responses_key(spider.name))),
             }
         except Exception as exc:  # a metrics scrape must never take the crawl down
             logger.warning("Could not read the shared queue for metrics: %s", exc)

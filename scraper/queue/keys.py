@@ -60,6 +60,11 @@ def dead_key(spider_name: str) -> str:
     return f"{prefix(spider_name)}:dead"
 
 
+def responses_key(spider_name: str) -> str:
+    """Fetched responses waiting for ``scrapy process`` (``PROCESSING=decoupled``): a stream."""
+    return f"{prefix(spider_name)}:responses"
+
+
 def dead_index_key(spider_name: str) -> str:
     """Request identity -> its entry in :func:`dead_key`: one dead letter per request."""
     return f"{prefix(spider_name)}:dead:index"

@@ -2,7 +2,8 @@
 
 ``{<spider>}:run`` holds the current run: ``id``, ``state`` (running, stopped, finished),
 ``started``, ``stopped``, ``finished`` and the last node's closing ``reason``. A run is
-*finished* when its queue is empty, no request is leased and no node is alive: the last node
+*finished* when its queue is empty, no request is leased, no fetched response waits in its
+stream (``PROCESSING=decoupled``) and no node is alive: the last node
 out notices it when it leaves, or else the next ``scrapy crawl`` does when it starts. Either
 way, the finish and the drop of the run's keys (seen-set unless ``DUPEFILTER_EXPIRY`` keeps it,
 item dedupe claims) happen in the same script that checks the condition, so no run can start
@@ -66,14 +67,15 @@ end
 """
 
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 leased, 7 lease owners,
-#       8 redeliveries, 9.. the run's keys (seen-set, item claims).
+#       8 redeliveries, 9 responses stream (PROCESSING=decoupled: fetched, not yet processed),
+#       10.. the run's keys (seen-set, item claims).
 # ARGV: 1 node, 2 now, 3 ttl, 4 lowest next id, 5 fresh, 6 figures prefix, 7 figures ttl,
 #       8-10 other shards (see _LIVE), 11 n dead, 12.. dead node ids.
 # Returns {action, run id, live nodes, queued, leased, finished run id, dropped}.
 _BEGIN = _LIVE + """
 local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-local queued = redis.call('ZCARD', KEYS[4]) + other_queued
+local queued = redis.call('ZCARD', KEYS[4]) + redis.call('XLEN', KEYS[9]) + other_queued
 local leased = redis.call('ZCARD', KEYS[5]) + other_leased
 local previous, dropped = 0, 0
 if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 then
@@ -81,14 +83,14 @@ if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 
   state, previous = 'finished', id
 elseif id > 0 and state ~= 'finished' and live == 0 and ARGV[5] == '1' then
   dropped = queued + leased
-  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
   finish(id, 'discarded')
   state, previous, queued, leased = 'finished', id, 0, 0
 end
 local action
 if id == 0 or state == 'finished' then
   if queued == 0 and leased == 0 then
-    for i = 9, #KEYS do redis.call('DEL', KEYS[i]) end
+    for i = 10, #KEYS do redis.call('DEL', KEYS[i]) end
   end
   id = math.max(id, tonumber(ARGV[4])) + 1
   redis.call('DEL', KEYS[1], ARGV[6] .. id .. ':figures')
@@ -107,7 +109,7 @@ redis.call('HSETNX', ARGV[6] .. id .. ':figures', ARGV[1], '{}')
 return {action, id, live, queued, leased, previous, dropped}
 """
 
-# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6.. the run's keys.
+# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the run's keys.
 # ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8-10 other
 #       shards (see _LIVE), 11 n dead, 12.. dead.
 # Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on) or
@@ -121,8 +123,9 @@ if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'reason', ARGV[5])
 if live > 0 then return {'running', live} end
-if redis.call('ZCARD', KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0 then
-  for i = 6, #KEYS do redis.call('DEL', KEYS[i]) end
+if redis.call('ZCARD', KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0
+   and redis.call('XLEN', KEYS[6]) == 0 then
+  for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
   finish(ARGV[4], ARGV[5])
   return {'finished', 0}
 end
@@ -203,7 +206,7 @@ class RunState:
         dead = self.nodes.dead_here()
         reply = self._begin(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
-                  redeliveries, *run_keys],
+                  redeliveries, keys.responses_key(self.spider), *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
                   self.figures_prefix, FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
@@ -222,7 +225,8 @@ class RunState:
         deadlines = self._lease_keys()[0]
         dead = self.nodes.dead_here()
         outcome, live = self._leave(
-            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, *run_keys],
+            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines,
+                  keys.responses_key(self.spider), *run_keys],
             args=[self.nodes.node_id, time.time(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
                   FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
