@@ -158,3 +158,27 @@ def test_a_bad_archive_setting_fails_at_start_naming_it(clean) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "ARCHIVE_RETENTION_DAYS" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_reprocess_follow_queues_only_links_the_crawl_has_not_seen(clean, site, tmp_path) -> None:
+    """A stopped crawl: its listing pages are archived, the products they link to are still in
+    the shared queue. --follow queues none of those again (the crawl's seen-set has them), and,
+    once that run is dropped, queues every link no page of the archive answers."""
+    archive = str(tmp_path / "warc")
+    stopped = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=archive, CONCURRENT_REQUESTS="1"),
+                         "crawl", "demo", "-s", "CLOSESPIDER_PAGECOUNT=6")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    server = clean.redis()
+    waiting = server.zcard("{demo}:requests")
+    assert waiting > 0
+    env = crawl_env(clean, ARCHIVE_URL=archive)
+    first = reprocess(env, "--follow")
+    line = next(line for line in first.stderr.splitlines() if "new link(s) queued" in line)
+    assert line.startswith("reprocess: 0 new link(s) queued") and "already seen by the crawl" in line, line
+    assert server.zcard("{demo}:requests") == waiting
+
+    server.flushdb()  # the run and its seen-set gone: every unarchived link is new again
+    second = reprocess(env, "--follow")
+    line = next(line for line in second.stderr.splitlines() if "new link(s) queued" in line)
+    queued = int(line.split("reprocess: ")[1].split(" ")[0])
+    assert queued > 0 and server.zcard("{demo}:requests") == queued, line

@@ -27,6 +27,7 @@ from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
 from ..queue import keys
+from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.queues import frontier
 from ..redis_client import get_redis
 
@@ -159,7 +160,12 @@ class Command(ScrapyCommand):
         new = [r for url, r in requests.items() if url not in archived]
         server = get_redis(found.redis_url)  # type: ignore[attr-defined]
         queue = frontier(server, crawler.spider, self.settings)  # type: ignore[attr-defined]
+        # Claimed in the crawl's seen-state as the crawl claims links: one already queued or
+        # fetched in the current run is not queued twice.
+        seen = SharedDupeFilter(server, keys.dupefilter_key(name), crawler.request_fingerprinter,  # type: ignore[attr-defined]
+                                stores=make_stores(server, name, self.settings, queue.shards), shards=queue.shards)
         for request in new:
-            queue.push(request)
-        print(f"reprocess: {len(new)} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived)",
-              file=sys.stderr)
+            queue.stage(request, seen, seen.request_fingerprint(request))
+        queued, already = queue.flush_staged()
+        print(f"reprocess: {queued} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived, "
+              f"{already} already seen by the crawl)", file=sys.stderr)
