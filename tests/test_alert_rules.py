@@ -39,6 +39,7 @@ ALERT_NAMES = {
     "ScraperDeadLetters",
     "ScraperFieldCoverageLow",
     "ScraperLastRunDegraded",
+    "ScraperProcessingBehind",
 }
 
 # What every crawl process exports, by type.
@@ -53,6 +54,7 @@ COUNTERS = {
 GAUGES = {
     "scraper_api_budget_credits", "scraper_api_run_spent_credits", "scraper_queue_depth",
     "scraper_queue_oldest_age_seconds", "scraper_processing_pending_responses",
+    "scraper_processing_max_pending_responses",
     "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_storage_max_pending_rows",
     "scraper_spider_open",
     "scraper_last_response_timestamp_seconds",

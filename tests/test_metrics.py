@@ -121,7 +121,7 @@ def test_exposition_is_valid_and_holds_no_secret(clean, slow_site: DemoSite, tmp
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     for name in ("scraper_requests_total", "scraper_queue_depth", "scraper_dupefilter_size",
-                 "scraper_processing_pending_responses",
+                 "scraper_processing_pending_responses", "scraper_processing_max_pending_responses",
                  "scraper_download_latency_seconds_bucket", "scraper_items_scraped_total",
                  "scraper_storage_pending_rows", "scraper_pipeline_seconds_count"):
         assert f"\n{name}{{" in text, name

@@ -42,6 +42,12 @@ class CrawlCollector(Collector):
         self.spider_open = False
         self.last_response = 0.0
 
+    def _processing_bound(self) -> float:
+        from ..processing.config import read_config
+
+        config = read_config(self.crawler.settings)
+        return float(config.max_pending) if config.decoupled else 0.0
+
     @property
     def spider(self) -> str:
         spider = getattr(self.crawler, "spider", None)
@@ -88,6 +94,9 @@ class CrawlCollector(Collector):
         yield _gauge("scraper_processing_pending_responses",
                      "Fetched responses in the stream not yet processed (PROCESSING=decoupled).", s,
                      queue.get("responses", 0))
+        yield _gauge("scraper_processing_max_pending_responses", "Responses in the stream at which fetchers "
+                     "stop fetching (PROCESSING_MAX_PENDING; 0 unless PROCESSING=decoupled).", s,
+                     self._processing_bound())
         yield _gauge("scraper_dupefilter_size", "Fingerprints in the shared seen-set (estimated for a Bloom filter).",
                      s, queue.get("seen", 0))
         yield _counter("scraper_queue_enqueued", "Requests this process added to the shared queue.", ["spider"],
