@@ -73,9 +73,13 @@ def dead_index_key(spider_name: str) -> str:
 def lease_keys(spider_name: str) -> dict[str, str]:
     """The leases of taken requests (see :mod:`.leases`): request data, deadlines, redelivery
     counts and owners, by lease id."""
-    p = prefix(spider_name)
-    return {"leased": f"{p}:leased", "deadlines": f"{p}:lease_deadlines", "redeliveries": f"{p}:redeliveries",
-            "owners": f"{p}:lease_owners"}
+    return lease_keys_under(prefix(spider_name))
+
+
+def lease_keys_under(tag: str) -> dict[str, str]:
+    """:func:`lease_keys` under the hash tag *tag* (a spider's, or a shard's)."""
+    return {"leased": f"{tag}:leased", "deadlines": f"{tag}:lease_deadlines", "redeliveries": f"{tag}:redeliveries",
+            "owners": f"{tag}:lease_owners"}
 
 
 def escalated_key(spider_name: str) -> str:

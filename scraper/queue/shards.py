@@ -57,11 +57,7 @@ class Shards:
         return [self.queue_key(i) for i in range(self.count)]
 
     def lease_keys(self, shard: int) -> dict[str, str]:
-        if self.count == 1:
-            return keys.lease_keys(self.spider)
-        p = self.prefixes[shard]
-        return {"leased": f"{p}:leased", "deadlines": f"{p}:lease_deadlines", "redeliveries": f"{p}:redeliveries",
-                "owners": f"{p}:lease_owners"}
+        return keys.lease_keys_under(self.prefixes[shard])
 
     def dead_key(self, shard: int) -> str:
         """Where a shard's lease reaper sets requests aside; moved to the spider's dead letters
