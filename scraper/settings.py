@@ -237,6 +237,8 @@ EXTENSIONS = {
     # After RunRecorder: a run's data quality is checked once its figures are final.
     "scraper.quality.monitor.QualityMonitor": 160,
     "scraper.extensions.progress.ProgressLog": 500,
+    # Long-lived objects out of the garbage collector's sight once the engine starts (GC_FREEZE).
+    "scraper.extensions.gc_freeze.GcFreeze": 50,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
 }
