@@ -29,6 +29,15 @@ class Results:
         self.path = path
         self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine()}
         self.figures: list[dict[str, Any]] = []
+        # A run of some parts (--only) keeps the other comparisons' latest figures, each marked
+        # with the run it came from, so the file always holds the latest of every comparison.
+        self.earlier: list[dict[str, Any]] = []
+        try:
+            before = json.loads(path.read_text())
+            self.earlier = [{**f, "run_started": f.get("run_started", before.get("started"))}
+                            for f in before.get("figures", [])]
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def add(self, comparison: str, name: str, value: float, unit: str, **detail: Any) -> float:
         self.figures.append({"comparison": comparison, "name": name, "value": round(float(value), 4),
@@ -37,4 +46,6 @@ class Results:
         return value
 
     def save(self) -> None:
-        self.path.write_text(json.dumps({**self.run, "figures": self.figures}, indent=1) + "\n")
+        measured = {f["comparison"] for f in self.figures}
+        kept = [f for f in self.earlier if f.get("comparison") not in measured]
+        self.path.write_text(json.dumps({**self.run, "figures": self.figures + kept}, indent=1) + "\n")
