@@ -56,10 +56,12 @@ _DATE_LIKE = re.compile(
 # The common shapes, read without price-parser (~35 µs a call): one mark (an ISO code or a
 # currency sign) before or after an amount whose decimal mark is unmistakable (two decimals
 # after the last separator, thousands grouped by the other one) or that has no separator.
-# Anything else, and any mark that does not read as a currency, takes the full path below.
+# Anything else (other digits than ASCII's too), and any mark that does not read as a currency,
+# takes the full path below.
 _SIMPLE = re.compile(
     r"(?:(?P<before>[A-Z]{3}|[$€£¥₹₩₪₺₽₴]) ?)?"
-    r"(?P<number>(?P<dot>\d{1,3}(?:,\d{3})+\.\d\d|\d+\.\d\d)|(?P<comma>\d{1,3}(?:\.\d{3})+,\d\d|\d+,\d\d)|\d+)"
+    r"(?P<number>(?P<dot>[0-9]{1,3}(?:,[0-9]{3})+\.[0-9]{2}|[0-9]+\.[0-9]{2})"
+    r"|(?P<comma>[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]{2}|[0-9]+,[0-9]{2})|[0-9]+)"
     r"(?: ?(?P<after>[A-Z]{3}|[$€£¥₹₩₪₺₽₴]))?"
 )
 
