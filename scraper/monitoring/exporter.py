@@ -42,6 +42,7 @@ from scrapy.exceptions import NotConfigured
 from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
+from ..item_observers import on_item_scraped
 from ..redis_client import get_redis
 from ..quality.metrics import QualityCollector
 from ..runs.metrics import RunCollector
@@ -105,7 +106,7 @@ class MetricsExporter:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)
-        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        on_item_scraped(crawler, ext.item_scraped)
         return ext
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -179,12 +180,13 @@ class MetricsExporter:
                 child = self._latency_children[labels] = self.latency.labels(*labels)
             child.observe(latency)
 
-    def item_scraped(self, item: Any, spider: Any) -> None:
+    def item_scraped(self, item: Any) -> None:
         yielded = getattr(item, "_yielded_at", None)
         if yielded is not None:
-            child = self._pipeline_children.get(spider.name)
+            name = self.crawler.spider.name
+            child = self._pipeline_children.get(name)
             if child is None:
-                child = self._pipeline_children[spider.name] = self.pipeline_time.labels(spider.name)
+                child = self._pipeline_children[name] = self.pipeline_time.labels(name)
             child.observe(time.monotonic() - yielded)
 
     def _domain(self, url: str) -> str:
