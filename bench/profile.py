@@ -7,7 +7,12 @@ the top functions by extra self time. Times are the reactor thread's CPU time (w
 not profiled); cProfile inflates small calls, so compare shares and
 before/after runs of this same script, not absolute seconds with ``bench/run.py``.
 
-Uses REDIS_URL / DATABASE_URL as ``bench/run.py`` does (Redis db 7, database ``scraper_bench``).
+``--py-spy`` samples both crawls with py-spy instead: every thread (the Postgres writer's and
+the Redis batcher's too) and no per-call overhead, but a thread blocked in a C call (a socket
+read) counts as running, so read it next to the cProfile figures.
+
+Uses REDIS_URL / DATABASE_URL as ``bench/run.py`` does (Redis db 7, database ``scraper_bench``
+or ``BENCH_DATABASE``).
 """
 
 from __future__ import annotations
@@ -84,6 +89,36 @@ def profile(env: dict[str, str], extra: list[str], out: Path) -> tuple[pstats.St
     return pstats.Stats(str(out)), pages
 
 
+# Frames where a thread waits rather than runs: py-spy counts a thread blocked in C as active.
+_IDLE = re.compile(r"(Condition\.wait|Selector\.select|_wait_for_tstate_lock|sleep) \([^;]*$")
+
+
+def spy(env: dict[str, str], extra: list[str], out: Path, rate: int = 400) -> tuple[dict[str, int], dict[str, int], int]:
+    """The crawl under py-spy (a sampling profiler: no per-call overhead, every thread): samples
+    per function, inclusive and self, leaving out stacks that end waiting."""
+    binary = Path(sys.executable).with_name("py-spy")
+    subprocess.run(
+        [str(binary), "record", "-r", str(rate), "-f", "raw", "-o", str(out), "--", sys.executable, "-m", "scrapy",
+         "crawl", "demo", "-s", "LOG_LEVEL=WARNING", *extra],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )
+    inclusive: dict[str, int] = defaultdict(int)
+    own: dict[str, int] = defaultdict(int)
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or _IDLE.search(stack):
+            continue
+        n = int(count)
+        total += n
+        frames = [re.sub(r":\d+\)$", ")", f).replace(str(ROOT) + "/", "").split("site-packages/")[-1]
+                  for f in stack.split(";")]
+        for frame in set(frames):
+            inclusive[frame] += n
+        own[frames[-1]] += n
+    return inclusive, own, total
+
+
 def by_function(stats: pstats.Stats, pages: float) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for (filename, line, name), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
@@ -104,6 +139,8 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=2000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--only", choices=["plain", "pipeline"], default=None)
+    parser.add_argument("--py-spy", action="store_true",
+                        help="sample with py-spy instead (every thread, no per-call overhead; samples, not µs)")
     args = parser.parse_args()
 
     found = backends.resolve(Settings({"REDIS_URL": os.environ.get("REDIS_URL", ""),
@@ -122,6 +159,10 @@ def main() -> None:
                 continue
             redis.Redis.from_url(redis_url).flushdb()
             drop_tables(dsn)
+            if args.py_spy:
+                results[name] = spy(env, extra, workdir / f"{name}.txt")
+                print(f"{name}: {results[name][2]} samples, in {workdir / (name + '.txt')}", flush=True)
+                continue
             stats, pages = profile(env, extra, workdir / f"{name}.prof")
             results[name] = (stats, pages)
             print(f"{name}: {pages:.0f} pages, profile in {workdir / (name + '.prof')}", flush=True)
@@ -129,6 +170,9 @@ def main() -> None:
         site.terminate()
         site.wait()
 
+    if args.py_spy:
+        print_samples(results, args.top)
+        return
     packages = {name: by_package(s, p) for name, (s, p) in results.items()}
     plain = packages.get("plain", {})
     pipe = packages.get("pipeline", {})
@@ -143,6 +187,19 @@ def main() -> None:
     print(f"\ntop functions by extra self time per page (µs)\n{'function':90}{'plain':>8}{'pipeline':>9}{'extra':>8}")
     for label in sorted(set(fp) | set(fq), key=lambda k: -(fq.get(k, 0) - fp.get(k, 0)))[: args.top]:
         print(f"{label[-90:]:90}{fp.get(label, 0):>8.1f}{fq.get(label, 0):>9.1f}{fq.get(label, 0) - fp.get(label, 0):>+8.1f}")
+
+
+def print_samples(results: dict[str, tuple[dict[str, int], dict[str, int], int]], top: int) -> None:
+    """Samples per function (both crawls crawl the same pages, so counts compare directly)."""
+    empty: tuple[dict[str, int], dict[str, int], int] = ({}, {}, 0)
+    plain, pipe = results.get("plain", empty), results.get("pipeline", empty)
+    print(f"\nsamples: plain {plain[2]}, pipeline {pipe[2]}")
+    for title, index, only in (("self samples", 1, ""), ("inclusive samples, scraper/", 0, "scraper/")):
+        a, b = plain[index], pipe[index]
+        print(f"\n{title}, by extra\n{'function':100}{'plain':>8}{'pipeline':>9}{'extra':>8}")
+        keys = [k for k in set(a) | set(b) if only in k]
+        for k in sorted(keys, key=lambda k: -(b.get(k, 0) - a.get(k, 0)))[:top]:
+            print(f"{k[-100:]:100}{a.get(k, 0):>8}{b.get(k, 0):>9}{b.get(k, 0) - a.get(k, 0):>+8}")
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ comparison it belongs to), so that successive runs can be compared.
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
-embedded one, in a database ``scraper_bench`` that it recreates (only for parts that crawl or
-upsert). ``--only`` runs some parts, and keeps the other parts' figures of earlier runs in the
-results file.
+embedded one, in a database ``scraper_bench`` (``BENCH_DATABASE``) that it recreates (only for
+parts that crawl or upsert). ``--only`` runs some parts, and keeps the other parts' figures of
+earlier runs in the results file.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
 
-# Another name (BENCH_DATABASE) lets two benches share one Postgres server without dropping each other.
-BENCH_DB = os.environ.get("BENCH_DATABASE", "scraper_bench")
+# Recreated (DROP … WITH (FORCE)) by each run: two benches sharing a server need a name each.
+BENCH_DB = os.environ.get("BENCH_DATABASE") or "scraper_bench"
 
 PLAIN = [
     "-s", "SCHEDULER=scrapy.core.scheduler.Scheduler",

@@ -253,6 +253,10 @@ EXTENSIONS = {
     "scraper.extensions.progress.ProgressLog": 500,
     # PROCESSING=decoupled only: a fetcher stays while the stream holds responses.
     "scraper.processing.keepalive.StreamKeepAlive": 110,
+    # Long-lived objects out of the garbage collector's sight once the engine starts (GC_FREEZE).
+    "scraper.extensions.gc_freeze.GcFreeze": 50,
+    # No DEBUG record built while no handler takes DEBUG (two per page at INFO).
+    "scraper.extensions.log_gate.LogGate": 60,
     # Replaced by ProgressLog, which adds the shared queue's depth and age.
     "scrapy.extensions.logstats.LogStats": None,
 }

@@ -179,6 +179,7 @@ def _territory_codes(territory: str | None) -> tuple[str, ...]:
         return ()
 
 
+@lru_cache(maxsize=4096)  # a shop writes a handful of marks; the reading is immutable
 def read_mark(mark: str, default: str | None = None, territory: str | None = None) -> CurrencyReading | None:
     """The currency *mark* names; None when it names none (a word, no symbol at all)."""
     codes = _codes_for(mark)

@@ -47,6 +47,9 @@ def clean_text(raw: object) -> str | None:
 
     # Each step is skipped when it cannot apply: this runs on every field of
     # every item and most values are short plain strings.
+    if text.isascii() and "<" not in text and "&" not in text:
+        # For ASCII, str.split() splits on exactly what _WHITESPACE matches (str.isspace).
+        return " ".join(text.split()) or None
     if "<" in text:
         text = _strip_html(text)
     if "&" in text:

@@ -15,6 +15,13 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # they appear when href attributes are wrapped in the HTML source.
 _INNER_WS = re.compile(r"[\t\r\n]")
 _BAD_HOST = re.compile(r"[\s<>\"{}|\\^`]")
+# A URL already in canonical form, as most links and every URL Scrapy fetched are: lowercase
+# ASCII host, a path of unreserved characters without dot segments or empty segments, no query,
+# no fragment. canonicalize_url would return it unchanged, at ~15 µs a call.
+_ALREADY_CANONICAL = re.compile(
+    r"(https?)://[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
+    r"(?::([1-9][0-9]{0,4}))?/[A-Za-z0-9_~./-]*"
+)
 
 
 def canonical_url(raw: object, base: str | None = None) -> str | None:
@@ -33,6 +40,8 @@ def canonical_url(raw: object, base: str | None = None) -> str | None:
         url = urljoin(base.strip(), url)
     elif url.startswith("//"):
         url = "https:" + url
+    if _already_canonical(url):
+        return url
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -55,6 +64,14 @@ def canonical_url(raw: object, base: str | None = None) -> str | None:
         return canonicalize_url(urlunsplit((scheme, netloc, parts.path, parts.query, "")))
     except ValueError:
         return None
+
+
+def _already_canonical(url: str) -> bool:
+    match = _ALREADY_CANONICAL.fullmatch(url)
+    if match is None or "/." in url or "//" in url[match.end(1) + 3 :] or "xn--" in url:
+        return False
+    port = match.group(2)
+    return port is None or (int(port) <= 65535 and int(port) != _DEFAULT_PORTS[match.group(1)])
 
 
 def url_domain(url: str) -> str:

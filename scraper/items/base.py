@@ -38,8 +38,20 @@ class StoredItem(scrapy.Item):
 
     @classmethod
     def columns(cls) -> dict[str, str]:
-        """Stored field name -> SQL type, in declaration order."""
-        return {name: meta["sql"] for name, meta in cls.fields.items() if meta.get("sql")}
+        """Stored field name -> SQL type, in declaration order (one dict per type: do not change it)."""
+        found = cls.__dict__.get("_columns")
+        if found is None:
+            found = {name: meta["sql"] for name, meta in cls.fields.items() if meta.get("sql")}
+            cls._columns = found
+        return found
+
+    # Mapping's own ``in`` and ``get`` go through __getitem__ and a raised KeyError; every
+    # pipeline reads each field of each item this way, so they read the values directly.
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
 
 
 def stored_item_types() -> list[type[StoredItem]]:

@@ -26,15 +26,17 @@ class ItemOriginMiddleware:
         return cls(crawler.stats)
 
     def _stamp(self, obj: Any, response: Any) -> None:
-        if isinstance(obj, Request) or not is_item(obj):
+        # Our own items first: is_item() asks every itemadapter adapter in turn.
+        if not isinstance(obj, StoredItem):
+            if not isinstance(obj, Request) and is_item(obj):
+                self.stats.inc_value("items/yielded")
             return
         self.stats.inc_value("items/yielded")
-        if isinstance(obj, StoredItem):
-            obj._yielded_at = time.monotonic()
-            if response is not None:
-                obj._origin = response.url
-                # Kept so that a page whose items cannot be stored can be dead-lettered.
-                obj._request = response.request
+        obj._yielded_at = time.monotonic()
+        if response is not None:
+            obj._origin = response.url
+            # Kept so that a page whose items cannot be stored can be dead-lettered.
+            obj._request = response.request
 
     async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for obj in result:

@@ -42,6 +42,7 @@ from scrapy.exceptions import NotConfigured
 from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
+from ..item_observers import on_item_scraped
 from ..redis_client import get_redis
 from ..quality.metrics import QualityCollector
 from ..runs.metrics import RunCollector
@@ -88,6 +89,11 @@ class MetricsExporter:
             buckets=PIPELINE_BUCKETS, registry=self.registry,
         )
         self._domains: set[str] = set()
+        # Per URL's netloc part: its host; per (spider, domain): the histogram's child. Both are
+        # looked up for every page, and parsing the URL or resolving labels cost more than that.
+        self._hosts: dict[str, str] = {}
+        self._latency_children: dict[tuple[str, str], Any] = {}
+        self._pipeline_children: dict[str, Any] = {}
         self.httpd: Any = None
         self.bound_port = 0
         self.target_file: Path | None = None
@@ -100,7 +106,7 @@ class MetricsExporter:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)
-        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        on_item_scraped(crawler, ext.item_scraped)
         return ext
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -168,15 +174,30 @@ class MetricsExporter:
         self.collector.last_response = time.time()
         latency = request.meta.get("download_latency")
         if latency is not None:
-            self.latency.labels(spider.name, self._domain(response.url)).observe(latency)
+            labels = (spider.name, self._domain(response.url))
+            child = self._latency_children.get(labels)
+            if child is None:
+                child = self._latency_children[labels] = self.latency.labels(*labels)
+            child.observe(latency)
 
-    def item_scraped(self, item: Any, spider: Any) -> None:
+    def item_scraped(self, item: Any) -> None:
         yielded = getattr(item, "_yielded_at", None)
         if yielded is not None:
-            self.pipeline_time.labels(spider.name).observe(time.monotonic() - yielded)
+            name = self.crawler.spider.name
+            child = self._pipeline_children.get(name)
+            if child is None:
+                child = self._pipeline_children[name] = self.pipeline_time.labels(name)
+            child.observe(time.monotonic() - yielded)
 
     def _domain(self, url: str) -> str:
-        host = urlsplit(url).hostname or "unknown"
+        # The host only depends on what precedes the path, so URLs of one site share an entry.
+        parts = url.split("/", 3)
+        netloc = parts[2] if len(parts) > 2 and parts[1] == "" and parts[0].endswith(":") else None
+        host = self._hosts.get(netloc) if netloc is not None else None
+        if host is None:
+            host = urlsplit(url).hostname or "unknown"
+            if netloc is not None and len(self._hosts) < 10_000:
+                self._hosts[netloc] = host
         if host in self._domains:
             return host
         if len(self._domains) < self.max_domains:

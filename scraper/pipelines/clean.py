@@ -84,6 +84,10 @@ class CleanPipeline:
         self.timezone = settings.get("CLEAN_TIMEZONE") or "UTC"
         self.date_languages = settings.get("DATE_LANGUAGES") or None
         self._languages: OrderedDict[str, str | None] = OrderedDict()
+        # Per page language: the territory and date languages it implies (a crawl sees a few).
+        self._contexts: dict[str | None, dict[str, Any]] = {}
+        # Per item type: its price fields and the currency field each fills.
+        self._prices: dict[type, tuple[tuple[str, str], ...]] = {}
         crawler.signals.connect(self._remember_language, signal=signals.response_received)
 
     @classmethod
@@ -114,19 +118,26 @@ class CleanPipeline:
         if not _present(item.get("source")) and "source" in item.fields:
             item["source"] = self.crawler.spider.name
         page_language = self._languages.get(str(getattr(item, "_origin", "") or ""))
-        context = {
-            "page_language": page_language,
-            "territory": territory_of(page_language),
-            "languages": date_languages(self._option("date_languages", self.date_languages), page_language),
-        }
+        context = self._contexts.get(page_language)
+        if context is None:
+            context = {
+                "page_language": page_language,
+                "territory": territory_of(page_language),
+                "languages": date_languages(self._option("date_languages", self.date_languages), page_language),
+            }
+            if len(self._contexts) < _LANGUAGE_MEMORY:
+                self._contexts[page_language] = context
+        prices = self._prices.get(type(item))
+        if prices is None:
+            prices = self._prices[type(item)] = tuple(
+                (name, meta.get("currency_field", "currency"))
+                for name, meta in item.fields.items() if meta.get("clean") == "price"
+            )
+        values = item._values
         # A price's currency field is cleaned with its price, which may name the currency.
-        with_price = {
-            meta.get("currency_field", "currency")
-            for name, meta in item.fields.items()
-            if meta.get("clean") == "price" and name in item
-        }
+        with_price = {currency for name, currency in prices if name in values}
         for name, meta in item.fields.items():
-            if name not in item or name in with_price:
+            if name not in values or name in with_price:
                 continue
             try:
                 problem = self._clean_field(item, name, meta, context)

@@ -42,6 +42,7 @@ class DedupePipeline:
         self.claim = register_script(server, _CLAIM)
         self._local: dict[bytes, str] = {}
         self._last_warning = float("-inf")
+        self._hkey: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "DedupePipeline":
@@ -55,8 +56,11 @@ class DedupePipeline:
         origin = str(getattr(item, "_origin", "") or "")
         owner = self._local.get(digest)
         if owner is None:
-            # A replay (scrapy reprocess) claims in a hash of its own, apart from the live crawl's.
-            hkey = self.crawler.settings.get("ARCHIVE_REPLAY_ITEMS_KEY") or items_seen_key(self.crawler.spider.name)
+            hkey = self._hkey
+            if hkey is None:
+                # A replay (scrapy reprocess) claims in a hash of its own, apart from the live crawl's.
+                hkey = self._hkey = (self.crawler.settings.get("ARCHIVE_REPLAY_ITEMS_KEY")
+                                     or items_seen_key(self.crawler.spider.name))
             reply = await self._claim(hkey, digest.hex(), origin)
             owner = reply.decode() if isinstance(reply, bytes) else str(reply or "")
             if len(self._local) >= LOCAL_CACHE_LIMIT:

@@ -34,34 +34,52 @@ def check(item: StoredItem) -> list[str]:
         return [f"item: cannot be validated ({type(exc).__name__}: {exc})"]
 
 
+_Rule = tuple[str, bool, Any, Any, Any, Any]
+_rules: dict[type, tuple[tuple[_Rule, ...], dict[str, str]]] = {}
+
+
+def _rules_for(item_type: type) -> tuple[tuple[_Rule, ...], dict[str, str]]:
+    """The schema of *item_type* read once: (field, required, type, max_length, pattern,
+    minimum) per field, and each price field's currency field."""
+    found = _rules.get(item_type)
+    if found is None:
+        rules = tuple(
+            (name, bool(meta.get("required")), meta.get("type"), meta.get("max_length"),
+             re.compile(meta["pattern"]) if meta.get("pattern") is not None else None, meta.get("minimum"))
+            for name, meta in item_type.fields.items()
+        )
+        currencies = {
+            name: meta.get("currency_field", "currency")
+            for name, meta in item_type.fields.items() if meta.get("clean") == "price"
+        }
+        found = _rules[item_type] = (rules, currencies)
+    return found
+
+
 def _check(item: StoredItem) -> list[str]:
     reasons = list(getattr(item, "_problems", []))
-    flagged = {r.split(":", 1)[0] for r in reasons}
-    # A price that failed to parse explains its missing currency; one reason is enough.
-    flagged |= {
-        meta.get("currency_field", "currency")
-        for name, meta in item.fields.items()
-        if meta.get("clean") == "price" and name in flagged
-    }
-    for name, meta in item.fields.items():
+    rules, currencies = _rules_for(type(item))
+    flagged: set[str] = set()
+    if reasons:
+        flagged = {r.split(":", 1)[0] for r in reasons}
+        # A price that failed to parse explains its missing currency; one reason is enough.
+        flagged |= {currency for name, currency in currencies.items() if name in flagged}
+    values = item._values
+    for name, required, expected, max_length, pattern, minimum in rules:
         if name in flagged:
             continue
-        value = item.get(name)
+        value = values.get(name)
         if value is None or (isinstance(value, str) and not value.strip()):
-            if meta.get("required"):
+            if required:
                 reasons.append(f"{name}: missing")
             continue
-        expected = meta.get("type")
         if expected is not None and not isinstance(value, expected):
             reasons.append(f"{name}: expected {expected.__name__}, got {type(value).__name__}")
             continue
-        max_length = meta.get("max_length")
         if max_length is not None and isinstance(value, str) and len(value) > max_length:
             reasons.append(f"{name}: longer than {max_length} characters ({len(value)})")
-        pattern = meta.get("pattern")
-        if pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
-            reasons.append(f"{name}: {value[:50]!r} does not match {pattern}")
-        minimum = meta.get("minimum")
+        if pattern is not None and isinstance(value, str) and not pattern.fullmatch(value):
+            reasons.append(f"{name}: {value[:50]!r} does not match {pattern.pattern}")
         if minimum is not None and value < minimum:
             reasons.append(f"{name}: {value} is below the minimum {minimum}")
     return reasons

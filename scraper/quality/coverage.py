@@ -25,15 +25,32 @@ def filled(value: Any) -> bool:
 
 class CoverageCounter:
     def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
+        # Per item type: its field names, then items counted and each field's count. The figure
+        # names are built when asked for, not once per item and field.
+        self._types: dict[type, tuple[str, tuple[str, ...], list[int]]] = {}
 
     def add(self, item: Any) -> None:
-        fields = item.columns() if hasattr(item, "columns") else item.fields
-        name = type(item).__name__
-        self.counts[f"{PREFIX}{name}/items"] += 1
-        for field in fields:
-            if filled(item.get(field)):
-                self.counts[f"{PREFIX}{name}/{field}"] += 1
+        kind = type(item)
+        entry = self._types.get(kind)
+        if entry is None:
+            fields = tuple(item.columns() if hasattr(item, "columns") else item.fields)
+            entry = self._types[kind] = (kind.__name__, fields, [0] * (len(fields) + 1))
+        _name, fields, counts = entry
+        counts[0] += 1
+        get = item.get
+        for i, field in enumerate(fields, 1):
+            if filled(get(field)):
+                counts[i] += 1
+
+    @property
+    def counts(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for name, fields, counts in self._types.values():
+            out[f"{PREFIX}{name}/items"] += counts[0]
+            for field, count in zip(fields, counts[1:]):
+                if count:
+                    out[f"{PREFIX}{name}/{field}"] += count
+        return out
 
     def figures(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.counts.items()}

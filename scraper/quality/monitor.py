@@ -30,6 +30,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from ..config import get_float
+from ..item_observers import on_item_scraped
 from ..items.base import StoredItem, stored_item_types
 from . import coverage as coverage_figures
 from . import figures as run_figures
@@ -68,7 +69,7 @@ class QualityMonitor:
         ext = cls(crawler, conf, get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        on_item_scraped(crawler, ext.item_scraped)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)
         return ext
 

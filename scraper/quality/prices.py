@@ -37,13 +37,13 @@ class PriceHistogram:
 
     def add(self, item: Any) -> None:
         fields = getattr(item, "fields", {})
-        currency = item.get("currency") if "currency" in fields else None
-        for name, meta in fields.items():
-            if meta.get("clean") != "price" or name != "price":
-                continue  # one price per item: the price a parser most often gets wrong
-            value = item.get(name)
-            if isinstance(value, (int, float, Decimal)) and currency:
-                self.counts[f"{PREFIX}{currency}/{bucket(float(value))}"] += 1
+        # One price per item: the price a parser most often gets wrong.
+        if "price" not in fields or fields["price"].get("clean") != "price" or "currency" not in fields:
+            return
+        currency = item.get("currency")
+        value = item.get("price")
+        if isinstance(value, (int, float, Decimal)) and currency:
+            self.counts[f"{PREFIX}{currency}/{bucket(float(value))}"] += 1
 
     def figures(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.counts.items()}
