@@ -184,7 +184,8 @@ SCHEDULER = "scraper.queue.scheduler.SharedScheduler"
 SCHEDULER_QUEUE_CLASS = "scraper.queue.queues.PriorityQueue"
 SCHEDULER_SERIALIZER = "scraper.queue.serializer"
 SCHEDULER_IDLE_TIMEOUT = _env("SCHEDULER_IDLE_TIMEOUT", "10")
-SCHEDULER_DUPEFILTER_LOCAL_CACHE = _env("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "200000")
+# Fingerprints this process remembers before asking Redis (~100 bytes each; cleared when full).
+SCHEDULER_DUPEFILTER_LOCAL_CACHE = _env("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "20000")
 # Requests taken from the shared queue per round trip (leased like the rest).
 SCHEDULER_PREFETCH = _env("SCHEDULER_PREFETCH", "4")
 # At-least-once delivery: a taken request is leased for this many seconds, renewed while its

@@ -157,7 +157,7 @@ class SharedDupeFilter(RFPDupeFilter):
         key: str,
         fingerprinter: Any,
         debug: bool = False,
-        local_cache_size: int = 200_000,
+        local_cache_size: int = 20_000,
         stats: Any = None,
         store: SeenSet | BloomSeen | None = None,
         stores: list[SeenSet | BloomSeen] | None = None,

@@ -66,7 +66,7 @@ class SharedScheduler(Scheduler):
         )
         instance.crawler = crawler
         instance.stats = crawler.stats
-        instance.local_cache_size = get_int(settings, "SCHEDULER_DUPEFILTER_LOCAL_CACHE", 200_000, minimum=0)
+        instance.local_cache_size = get_int(settings, "SCHEDULER_DUPEFILTER_LOCAL_CACHE", 20_000, minimum=0)
         instance.debug = settings.getbool("DUPEFILTER_DEBUG")
         instance.prefetch = get_int(settings, "SCHEDULER_PREFETCH", 4, minimum=1)
         instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
