@@ -278,7 +278,7 @@ def redis_memory(redis_url: str, count: int = 10_000) -> dict[str, float]:
     """Redis bytes per queued request and per leased one: *count* demo requests queued through
     the scheduler's own staging (claim and queue, one script each), then all leased."""
     import scrapy
-    from scraper.queue.dupefilter import SeenSet
+    from scraper.queue.dupefilter import SeenSet, SharedDupeFilter
     from scraper.queue.leases import Leases
     from scraper.queue.queues import PriorityQueue
     from scraper.spiders.demo import DemoSpider
@@ -288,7 +288,7 @@ def redis_memory(redis_url: str, count: int = 10_000) -> dict[str, float]:
     server.flushdb()
     spider = DemoSpider()
     queue = PriorityQueue(server, spider, "bench:requests")
-    seen = SeenSet(server, "bench:seen")
+    seen = SharedDupeFilter(server, "bench:seen", None, store=SeenSet(server, "bench:seen"))
     base, _ = used_memory(server)
     seen_only = base
     for start in range(0, count, 1000):

@@ -128,10 +128,8 @@ class PriorityQueue(_RedisPriorityQueue):
             # Exactly one command per request, so that results line up with requests.
             if dupefilter is None:
                 pipe.execute_command("ZADD", self.keys[shard], score, data)
-            elif shard:
+            else:
                 dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data, shard)
-            else:  # also a bare seen-state store (one shard), as the tools and bench pass
-                dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data)
         results = pipe.execute()
         if self.barrier is not None:
             self.barrier.written({shard for *_, shard in staged})
