@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runs.state import FIGURES_KEEP
+from ..runs.state import FIGURES_KEEP, sum_node_figures
 
 
 def quality_key(spider_name: str, run_id: int) -> str:
@@ -30,12 +30,4 @@ def write(server: Any, spider_name: str, run_id: int, node_id: str, figures: dic
 
 
 def summed(server: Any, spider_name: str, run_id: int) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for raw in server.hgetall(quality_key(spider_name, run_id)).values():
-        try:
-            figures = json.loads(raw)
-        except ValueError:
-            continue
-        for name, value in figures.items():
-            totals[name] = totals.get(name, 0.0) + float(value or 0)
-    return totals
+    return sum_node_figures(server.hgetall(quality_key(spider_name, run_id)).values())

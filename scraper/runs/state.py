@@ -275,13 +275,18 @@ class RunState:
 
 def summed_figures(server: Any, spider_name: str, run_id: int) -> tuple[dict[str, float], int]:
     """The run's figures summed over its nodes, and how many nodes it has seen."""
-    totals: dict[str, float] = {}
     per_node = server.hgetall(keys.run_figures_key(spider_name, run_id))
-    for raw in per_node.values():
+    return sum_node_figures(per_node.values()), len(per_node)
+
+
+def sum_node_figures(snapshots: Any) -> dict[str, float]:
+    """Each node's JSON snapshot of cumulative figures, summed; an unreadable one is skipped."""
+    totals: dict[str, float] = {}
+    for raw in snapshots:
         try:
             figures = json.loads(raw)
         except ValueError:
             continue
         for name, value in figures.items():
             totals[name] = totals.get(name, 0) + float(value or 0)
-    return totals, len(per_node)
+    return totals
