@@ -81,6 +81,7 @@ PLAIN = [
     "-s", "ADDONS={}",
     "-s", "EXTENSIONS={}",
     "-s", "SPIDER_MIDDLEWARES={}",
+    "-s", "DOWNLOAD_HANDLERS={}",
 ]
 
 

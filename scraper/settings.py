@@ -13,6 +13,7 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``CONCURRENT_REQUESTS``     Scrapy's global concurrency (32).
 ``CONCURRENT_REQUESTS_PER_DOMAIN``  Per-site concurrency (16).
 ``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
+``DOWNLOAD_POOL_PER_HOST``  Idle connections kept open per host (2 x ``CONCURRENT_REQUESTS_PER_DOMAIN``).
 ``POLITENESS_RATE``         Requests per second to one site from the whole fleet together
                             (0: no limit); held in Redis, shared by every node and spider.
 ``POLITENESS_CONCURRENCY``  Requests in flight to one site from the whole fleet (0: no limit).
@@ -165,6 +166,13 @@ DOWNLOAD_TIMEOUT = _env("DOWNLOAD_TIMEOUT", "60")
 # Bound what one response may cost in memory (applies after decompression).
 DOWNLOAD_MAXSIZE = _env("DOWNLOAD_MAXSIZE", str(32 * 1024 * 1024))
 DOWNLOAD_WARNSIZE = _env("DOWNLOAD_WARNSIZE", str(8 * 1024 * 1024))
+# Idle connections kept per host (scraper/downloader/http.py); unset: 2 x CONCURRENT_REQUESTS_PER_DOMAIN.
+if _env("DOWNLOAD_POOL_PER_HOST") is not None:
+    DOWNLOAD_POOL_PER_HOST = _env("DOWNLOAD_POOL_PER_HOST")
+DOWNLOAD_HANDLERS = {
+    "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
+    "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
+}
 # Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
 POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")

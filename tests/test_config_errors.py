@@ -49,6 +49,8 @@ def test_malformed_number(services) -> None:
     assert "'lots'" in line
     env = crawl_env(services, CONCURRENT_REQUESTS="0")
     check_one_line_error(run_scrapy(env, "crawl", "demo"), "CONCURRENT_REQUESTS")
+    env = crawl_env(services, DOWNLOAD_POOL_PER_HOST="0")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "DOWNLOAD_POOL_PER_HOST")
 
 
 def test_seed_and_migrate_report_the_same_way(services) -> None:

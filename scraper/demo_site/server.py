@@ -271,6 +271,10 @@ class DemoSite:
         with self._lock:
             return self._max_in_flight
 
+    def connections_opened(self) -> int:
+        """Connections clients have opened since the site started."""
+        return self._httpd.opened if self._httpd is not None else 0
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"requests": dict(self._stats), "total": sum(self._stats.values())}
@@ -296,6 +300,7 @@ class _Server(ThreadingHTTPServer):
         self.site = site
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self.opened = 0  # connections accepted: what a client's connection reuse is judged by
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -314,6 +319,7 @@ class _Server(ThreadingHTTPServer):
     def track(self, connection: socket.socket, active: bool) -> None:
         with self._connections_lock:
             if active:
+                self.opened += 1
                 self._connections.add(connection)
             else:
                 self._connections.discard(connection)
