@@ -37,6 +37,7 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("DOWNLOAD_MAXSIZE", "int", 0),
     ("DOWNLOAD_WARNSIZE", "int", 0),
     ("DOWNLOAD_POOL_PER_HOST", "int", 1),
+    ("GC_YOUNG_THRESHOLD", "int", 0),
     ("SCHEDULER_IDLE_TIMEOUT", "float", 0),
     ("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "int", 0),
     ("SCHEDULER_PREFETCH", "int", 1),

@@ -1,4 +1,4 @@
-"""Keep the garbage collector off what a crawl loads once: freeze it when the engine starts.
+"""Keep the garbage collector off what a crawl loads once, and out of every page's way.
 
 By the time the engine starts, the process holds tens of thousands of long-lived objects that
 no page ever frees: Scrapy's and Twisted's, and ours (CLDR currency tables, dateparser's
@@ -8,7 +8,15 @@ about 0.2 ms of CPU per page more than plain Scrapy spent in the collector. ``gc
 moves them out of the collector's sight (CPython's own advice for such processes); what the
 crawl allocates afterwards is collected as before, so a page's garbage is freed as usual.
 
-``GC_FREEZE`` (true) turns it off.
+A page allocates a few thousand objects (requests, responses, selectors, Deferreds, items),
+nearly all freed by reference counting. With CPython's young-generation threshold of 700 the
+collector ran about every third page, each time for objects that were freed anyway: 0.62 s of
+3,475 pages' 9 s on the reactor thread. With 50,000 (``GC_YOUNG_THRESHOLD``) it ran 4 times
+for 0.10 s. Cyclic garbage (a Failure and its traceback) now waits a little longer: at most
+that many objects, a few MB.
+
+``GC_FREEZE`` (true) turns both off; ``GC_YOUNG_THRESHOLD=0`` keeps CPython's threshold. The
+stats ``gc/frozen`` and ``gc/collections`` (of any generation, while the engine ran) show it.
 """
 
 from __future__ import annotations
@@ -19,19 +27,37 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from ..config import get_bool
+from ..config import get_bool, get_int
 
 
 class GcFreeze:
+    def __init__(self, crawler: Any, young: int) -> None:
+        self.crawler = crawler
+        self.young = young
+        self._collections = 0
+
     @classmethod
     def from_crawler(cls, crawler: Any) -> "GcFreeze":
         if not get_bool(crawler.settings, "GC_FREEZE", True):
             raise NotConfigured
-        ext = cls()
+        ext = cls(crawler, get_int(crawler.settings, "GC_YOUNG_THRESHOLD", 50_000, minimum=0))
         crawler.signals.connect(ext.engine_started, signal=signals.engine_started)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
+
+    @staticmethod
+    def _count() -> int:
+        return sum(generation["collections"] for generation in gc.get_stats())
 
     def engine_started(self) -> None:
         # Garbage left by start-up is freed first, or it would be kept for the whole crawl.
         gc.collect()
         gc.freeze()
+        if self.young:
+            _, middle, old = gc.get_threshold()
+            gc.set_threshold(self.young, middle, old)
+        self._collections = self._count()
+        self.crawler.stats.set_value("gc/frozen", gc.get_freeze_count())
+
+    def spider_closed(self) -> None:
+        self.crawler.stats.set_value("gc/collections", self._count() - self._collections)
