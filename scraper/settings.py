@@ -15,7 +15,7 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``DOWNLOAD_DELAY``          Seconds between requests to one site (0).
 ``DOWNLOAD_POOL_PER_HOST``  Idle connections kept open per host (2 x ``CONCURRENT_REQUESTS_PER_DOMAIN``).
 ``GC_YOUNG_THRESHOLD``      Allocations between two young-generation collections while a crawl
-                            runs (50000; 0: CPython's 700). ``GC_FREEZE=false`` leaves the
+                            runs (20000; 0: CPython's 700). ``GC_FREEZE=false`` leaves the
                             collector as CPython sets it.
 ``POLITENESS_RATE``         Requests per second to one site from the whole fleet together
                             (0: no limit); held in Redis, shared by every node and spider.
@@ -266,7 +266,7 @@ EXTENSIONS = {
     # PROCESSING=decoupled only: a fetcher stays while the stream holds responses.
     "scraper.processing.keepalive.StreamKeepAlive": 110,
     # Long-lived objects out of the garbage collector's sight once the engine starts (GC_FREEZE),
-    # and the young generation collected every GC_YOUNG_THRESHOLD (50,000) allocations, not 700.
+    # and the young generation collected every GC_YOUNG_THRESHOLD (20,000) allocations, not 700.
     "scraper.extensions.gc_freeze.GcFreeze": 50,
     # No DEBUG record built while no handler takes DEBUG (two per page at INFO).
     "scraper.extensions.log_gate.LogGate": 60,
@@ -274,7 +274,7 @@ EXTENSIONS = {
     "scrapy.extensions.logstats.LogStats": None,
 }
 GC_FREEZE = _env("GC_FREEZE", "true")
-GC_YOUNG_THRESHOLD = _env("GC_YOUNG_THRESHOLD", "50000")
+GC_YOUNG_THRESHOLD = _env("GC_YOUNG_THRESHOLD", "20000")
 
 # --- scraping API (scraper/scraping_api) ----------------------------------------------------
 # No key: the middleware is not loaded and every request is fetched directly.

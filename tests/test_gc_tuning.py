@@ -21,5 +21,5 @@ def test_collector_tuned_by_default_and_on_request(clean, site) -> None:
     assert frozen > 10_000  # Scrapy, Twisted and our own start-up objects
     cpython = _gc_stats(crawl(clean, site, GC_YOUNG_THRESHOLD="0", RUNS_FRESH="true"))[1]
     assert pages > 120
-    # CPython's threshold of 700 collects every few pages; 50,000 a handful of times per crawl.
+    # CPython's threshold of 700 collects every few pages; 20,000 a handful of times per crawl.
     assert collections * 5 < cpython, (collections, cpython)
