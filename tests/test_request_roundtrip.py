@@ -1,0 +1,70 @@
+"""Every request the queue takes comes back the same: property-based, over what a spider may set."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+from scrapy import Request, Spider
+from scrapy.http import FormRequest
+
+from scraper.queue import serializer
+from scraper.queue.requests import request_from_dict, request_to_dict
+
+
+class _Spider(Spider):
+    name = "roundtrip"
+
+    def parse(self, response):  # pragma: no cover - only named
+        pass
+
+    def failed(self, failure):  # pragma: no cover - only named
+        pass
+
+
+SPIDER = _Spider()
+# Strings that look like the serializer's tags ("$b", "$d", …) and plain ones.
+text = st.one_of(st.text(max_size=8), st.sampled_from(["$b", "$d", "$x", "$", "\"$", "utf-8", "GET", ""]))
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), text,
+                   st.floats(allow_nan=False, allow_infinity=False))
+json_like = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(text, inner, max_size=3)), max_leaves=8)
+header_name = st.text(alphabet="abcdefXYZ-", min_size=1, max_size=6)
+header_value = st.text(alphabet="abc 123;=$", max_size=8)
+
+
+@st.composite
+def requests(draw):
+    kwargs = dict(
+        url="http://shop.test/" + draw(st.text(alphabet="abc/?=&", max_size=10)),
+        callback=draw(st.sampled_from([None, SPIDER.parse])),
+        errback=draw(st.sampled_from([None, SPIDER.failed])),
+        method=draw(st.sampled_from(["GET", "POST", "HEAD", "PUT"])),
+        headers=draw(st.dictionaries(header_name, header_value, max_size=3)),
+        body=draw(st.binary(max_size=12)),
+        cookies=draw(st.dictionaries(st.text(alphabet="abc", min_size=1, max_size=3), st.text(max_size=4), max_size=2)),
+        meta=draw(st.dictionaries(text, json_like, max_size=3)),
+        encoding=draw(st.sampled_from(["utf-8", "latin-1"])),
+        priority=draw(st.integers(-100, 100)),
+        dont_filter=draw(st.booleans()),
+        flags=draw(st.lists(st.text(max_size=4), max_size=2)),
+        cb_kwargs=draw(st.dictionaries(st.text(alphabet="abc", min_size=1, max_size=3), json_like, max_size=2)),
+    )
+    cls = draw(st.sampled_from([Request, FormRequest]))
+    return cls(**kwargs)
+
+
+def _state(request: Request) -> dict:
+    state = {attr: getattr(request, attr) for attr in request.attributes if attr != "headers"}
+    state["headers"] = {k: list(v) for k, v in request.headers.items()}
+    state["class"] = type(request)
+    return state
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_a_queued_request_comes_back_unchanged(request: Request) -> None:
+    stored = serializer.dumps(request_to_dict(request, SPIDER, {}))
+    back = request_from_dict(serializer.loads(stored), SPIDER)
+    assert _state(back) == _state(request)
+    # Equal is not enough where types differ (b"" and "", 0 and False): each value keeps its type.
+    for attr in ("body", "priority", "dont_filter", "method", "encoding"):
+        assert type(getattr(back, attr)) is type(getattr(request, attr)), attr
