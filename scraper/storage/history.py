@@ -16,7 +16,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from psycopg2.extras import execute_values
 
 TABLE = "item_changes"
 DDL = """
@@ -65,12 +64,13 @@ def record(cur: Any, table: str, changes: list[Change], context: Context) -> Non
     """Insert *changes* of *table* inside the caller's transaction."""
     if not changes:
         return
-    execute_values(
-        cur,
-        "INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id, changes) VALUES %s",
-        [
-            (table, json.dumps(c.key, default=str), c.kind, context.reason, context.spider, context.run_id,
-             json.dumps(c.changes, default=str))
-            for c in changes
-        ],
+    # One JSON document for the whole batch, unpacked by the server: formatting one VALUES
+    # tuple per change in Python cost more than the rest of the batch's writing.
+    cur.execute(
+        "INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id, changes) "
+        "SELECT %s, r.key, r.kind, %s, %s, %s, r.changes "
+        "FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS (key jsonb, kind text, changes jsonb)) "
+        "WITH ORDINALITY AS r(key, kind, changes, n) ORDER BY r.n",
+        (table, context.reason, context.spider, context.run_id,
+         json.dumps([{"key": c.key, "kind": c.kind, "changes": c.changes} for c in changes], default=str)),
     )
