@@ -69,16 +69,17 @@ def request_to_dict(request: Request, spider: Spider, cache: dict[Any, str]) -> 
         "errback": _callback_name(spider, request.errback, cache),
         "headers": dict(request.headers),
     }
-    if type(request) is Request:
-        for attr in request.attributes:
-            if attr not in data:
-                value = getattr(request, attr)
-                if attr not in _DEFAULTS or value != _DEFAULTS[attr] or type(value) is not type(_DEFAULTS[attr]):
-                    data[attr] = value
-        return data
+    plain = type(request) is Request
     for attr in request.attributes:
-        data.setdefault(attr, getattr(request, attr))
-    data["_class"] = f"{type(request).__module__}.{type(request).__name__}"
+        if attr in data:
+            continue
+        value = getattr(request, attr)
+        default = _DEFAULTS.get(attr) if plain else None
+        if default is not None and value == default and type(value) is type(default):
+            continue
+        data[attr] = value
+    if not plain:
+        data["_class"] = f"{type(request).__module__}.{type(request).__name__}"
     return data
 
 
