@@ -1,9 +1,18 @@
-"""Stamp each stored item with the page it came from and when it was yielded; count items.
+"""Stamp each stored item with the page it came from and when it was yielded; count items;
+let the page's parsed tree go once its callback is done.
 
 The dedupe pipeline needs to tell "the same page again" (a retry or a redelivery) from "another
 page with the same entity", a reject is more useful with its page, and the metrics time each
 item from yield to commit. Pipelines never see the response, so the spider middleware layer,
 which sees both, records it.
+
+A response and the selector Scrapy caches on it hold each other (``response.selector.response``),
+so every parsed page, with its lxml tree in C memory the collector does not see, waits for a
+cyclic garbage collection instead of being freed when the engine lets go of it: measured on the
+demo shop, every page's response, selector and tree (~30 objects) were cyclic garbage, and a
+100,000-product crawl's RSS grew by a fifth with the young generation collected every 20,000
+allocations (``GC_YOUNG_THRESHOLD``). Dropping the cached selector once the callback's output is
+exhausted breaks the cycle; a later ``response.css()`` (say, in a signal handler) parses again.
 """
 
 from __future__ import annotations
@@ -39,11 +48,23 @@ class ItemOriginMiddleware:
             obj._request = response.request
 
     async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for obj in result:
-            self._stamp(obj, response)
-            yield obj
+        try:
+            async for obj in result:
+                self._stamp(obj, response)
+                yield obj
+        finally:
+            release_selector(response)
 
     def process_spider_output(self, response: Any, result: Any) -> Any:
-        for obj in result:
-            self._stamp(obj, response)
-            yield obj
+        try:
+            for obj in result:
+                self._stamp(obj, response)
+                yield obj
+        finally:
+            release_selector(response)
+
+
+def release_selector(response: Any) -> None:
+    """Break the response <-> cached selector cycle (see the module's docstring)."""
+    if getattr(response, "_cached_selector", None) is not None:
+        response._cached_selector = None
