@@ -88,6 +88,29 @@ def test_last_seen_refresh_is_bounded_by_its_resolution(conn) -> None:
     assert seen2 > seen1 and updated2 == updated1
 
 
+def test_prepared_statements_outlive_a_rolled_back_batch_and_follow_a_new_connection(conn, clean) -> None:
+    # The merge and the lock are prepared once per connection; the staging table they read is
+    # made in the first batch's transaction, so a rollback takes it away again.
+    upserter = TableUpserter("gadgets", COLUMNS, ("shop", "code"), 3600.0, track=True)
+    with conn.cursor() as cur:
+        upserter.write(cur, [row("a", "A")])
+    conn.rollback()
+    with conn, conn.cursor() as cur:
+        result = upserter.write(cur, [row("b", "B")])
+    assert result.inserted == {("s", "b")} and [c.kind for c in result.changes] == ["insert"]
+    other = psycopg2.connect(clean.database_url)  # the writer's reconnect after an outage
+    try:
+        with other, other.cursor() as cur:
+            result = upserter.write(cur, [row("b", "B2"), row("c", "C")])
+        assert result.inserted == {("s", "c")} and result.updated == {("s", "b")}
+        assert {c.kind: c.changes.get("name") for c in result.changes} == {"update": ["B", "B2"], "insert": [None, "C"]}
+    finally:
+        other.close()
+    with conn.cursor() as cur:
+        cur.execute("SELECT code, name FROM gadgets ORDER BY code")
+        assert cur.fetchall() == [("b", "B2"), ("c", "C")]
+
+
 def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     # Driven synchronously: the thread-side of the writer is plain code.
     writer = PostgresWriter(clean.database_url)

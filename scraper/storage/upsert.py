@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -62,6 +63,10 @@ def content_hash(values: dict[str, Any]) -> str:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\x00": ""})
 
 
+# Numbers the prepared statements of this process (see TableUpserter._prepare).
+_PREPARED = itertools.count(1)
+
+
 def copy_line(values: list[Any]) -> str:
     return "\t".join(
         ["\\N" if v is None else (v if type(v) is str else str(v)).translate(_COPY_ESCAPES) for v in values]
@@ -91,6 +96,10 @@ class TableUpserter:
         self.spider = spider
         self.track = track
         self.stage = f"_stage_{table}"
+        # Set by _prepare: the statements as text, their prepared names, and the connection.
+        self._sql: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+        self._prepared_on: Any = None
         all_cols = [*columns, "content_hash", *(["spider"] if spider is not None else [])]
         ident = sql.Identifier
         cols_sql = sql.SQL(", ").join(map(ident, all_cols))
@@ -159,6 +168,23 @@ class TableUpserter:
             copy_line([row.values.get(c) for c in columns] + [row.content_hash] + extra) + "\n" for row in rows
         )
 
+    def _prepare(self, cur: Any) -> None:
+        """Render the statements once, and have this connection plan the two big ones once.
+
+        A batch at the lease cap holds a dozen rows or so, and Postgres spent most of its
+        time on such a batch parsing and planning the merge and the lock (1.5 ms of the
+        backend's CPU per 17-row batch). Prepared statements live as long as the session,
+        whatever becomes of the transaction that made them; one that finds the staging table
+        made anew (a rolled-back first batch) is planned again by Postgres itself."""
+        self._sql = {name: getattr(self, name).as_string(cur)
+                     for name in ("create_stage", "clear_stage", "copy", "lock_old", "merge")}
+        cur.execute(self._sql["create_stage"])
+        # Named per upserter: two upserters of one table may share a connection.
+        self._names = {name: f"{self.stage}_{name}_{next(_PREPARED)}" for name in ("lock_old", "merge")}
+        for name in ("lock_old", "merge") if self.track else ("merge",):
+            cur.execute(f"PREPARE {self._names[name]} AS {self._sql[name]}")
+        self._prepared_on = cur.connection
+
     def write(self, cur: Any, rows: list[Row], again: bool = False) -> BatchResult:
         """Upsert *rows* inside the caller's transaction. Keys must be unique within *rows*.
 
@@ -166,16 +192,19 @@ class TableUpserter:
         stage is only emptied at commit)."""
         result = BatchResult()
         rows = sorted(rows, key=lambda r: tuple("" if v is None else str(v) for v in r.key))
-        cur.execute(self.create_stage)
+        if self._prepared_on is not cur.connection:
+            self._prepare(cur)
+        else:
+            cur.execute(self._sql["create_stage"])
         if again:
-            cur.execute(self.clear_stage)
-        cur.copy_expert(self.copy, io.StringIO(self._copy_data(rows)))
+            cur.execute(self._sql["clear_stage"])
+        cur.copy_expert(self._sql["copy"], io.StringIO(self._copy_data(rows)))
         width = len(self.key)
         old: dict[tuple[Any, ...], dict[str, Any]] = {}
         if self.track:
-            cur.execute(self.lock_old)
+            cur.execute(f"EXECUTE {self._names['lock_old']}")
             old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
-        cur.execute(self.merge)
+        cur.execute(f"EXECUTE {self._names['merge']}")
         for record in cur.fetchall():
             key = tuple(record[:width])
             inserted, changed = record[width], record[width + 1]
