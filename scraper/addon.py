@@ -38,6 +38,7 @@ CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
     ("DOWNLOAD_WARNSIZE", "int", 0),
     ("DOWNLOAD_POOL_PER_HOST", "int", 1),
     ("GC_YOUNG_THRESHOLD", "int", 0),
+    ("THREAD_SWITCH_INTERVAL", "float", 0),
     ("SCHEDULER_IDLE_TIMEOUT", "float", 0),
     ("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "int", 0),
     ("SCHEDULER_PREFETCH", "int", 1),

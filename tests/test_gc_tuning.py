@@ -1,4 +1,5 @@
-"""The collector leaves start-up's objects alone and runs seldom while a crawl runs."""
+"""The collector leaves start-up's objects alone and runs seldom while a crawl runs; worker threads
+get the interpreter back within THREAD_SWITCH_INTERVAL."""
 
 from __future__ import annotations
 
@@ -96,3 +97,35 @@ def test_the_middleware_breaks_the_response_selector_cycle() -> None:
     finally:
         gc.enable()
         gc.collect()
+
+
+def test_switch_interval_while_the_engine_runs(clean, site) -> None:
+    def interval(result) -> float | None:
+        found = re.search(r"'threads/switch_interval': ([\d.e-]+)", result.stderr)
+        return float(found.group(1)) if found else None
+
+    assert interval(crawl(clean, site)) == 0.0005
+    assert interval(crawl(clean, site, THREAD_SWITCH_INTERVAL="0", RUNS_FRESH="true")) is None
+    bad = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, THREAD_SWITCH_INTERVAL="-1"), "crawl", "demo")
+    assert bad.returncode != 0 and "THREAD_SWITCH_INTERVAL" in bad.stderr
+
+
+def test_the_switch_interval_is_set_and_restored_in_process() -> None:
+    import sys
+
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    from scraper.extensions.switch_interval import SwitchInterval
+
+    before = sys.getswitchinterval()
+    crawler = get_crawler(settings_dict={"THREAD_SWITCH_INTERVAL": "0.001"})
+    crawler.stats = MemoryStatsCollector(crawler)
+    extension = SwitchInterval.from_crawler(crawler)
+    extension.engine_started()
+    try:
+        assert sys.getswitchinterval() == 0.001
+        assert crawler.stats.get_value("threads/switch_interval") == 0.001
+    finally:
+        extension.spider_closed()
+    assert sys.getswitchinterval() == before

@@ -168,7 +168,7 @@ class TableUpserter:
             copy_line([row.values.get(c) for c in columns] + [row.content_hash] + extra) + "\n" for row in rows
         )
 
-    def _prepare(self, cur: Any) -> None:
+    def _prepare(self, cur: Any, before: str = "") -> None:
         """Render the statements once, and have this connection plan the two big ones once.
 
         A batch at the lease cap holds a dozen rows or so, and Postgres spent most of its
@@ -178,24 +178,30 @@ class TableUpserter:
         made anew (a rolled-back first batch) is planned again by Postgres itself."""
         self._sql = {name: getattr(self, name).as_string(cur)
                      for name in ("create_stage", "clear_stage", "copy", "lock_old", "merge")}
-        cur.execute(self._sql["create_stage"])
+        self._create_stage(cur, before)
         # Named per upserter: two upserters of one table may share a connection.
         self._names = {name: f"{self.stage}_{name}_{next(_PREPARED)}" for name in ("lock_old", "merge")}
         for name in ("lock_old", "merge") if self.track else ("merge",):
             cur.execute(f"PREPARE {self._names[name]} AS {self._sql[name]}")
         self._prepared_on = cur.connection
 
-    def write(self, cur: Any, rows: list[Row], again: bool = False) -> BatchResult:
+    def _create_stage(self, cur: Any, before: str) -> None:
+        # One round trip with the caller's statement: each costs the writer thread a wait for
+        # the interpreter lock (see scraper.extensions.switch_interval).
+        cur.execute(f"{before}; {self._sql['create_stage']}" if before else self._sql["create_stage"])
+
+    def write(self, cur: Any, rows: list[Row], again: bool = False, before: str = "") -> BatchResult:
         """Upsert *rows* inside the caller's transaction. Keys must be unique within *rows*.
 
         ``again``: an earlier write in this same transaction used the staging table (the
-        stage is only emptied at commit)."""
+        stage is only emptied at commit). ``before``: a statement of the caller's to run first,
+        in the same round trip (the writer's ``SAVEPOINT``)."""
         result = BatchResult()
         rows = sorted(rows, key=lambda r: tuple("" if v is None else str(v) for v in r.key))
         if self._prepared_on is not cur.connection:
-            self._prepare(cur)
+            self._prepare(cur, before)
         else:
-            cur.execute(self._sql["create_stage"])
+            self._create_stage(cur, before)
         if again:
             cur.execute(self._sql["clear_stage"])
         cur.copy_expert(self._sql["copy"], io.StringIO(self._copy_data(rows)))

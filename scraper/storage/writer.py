@@ -298,16 +298,20 @@ class PostgresWriter:
                 for table in sorted(batches):
                     rows = _last_per_key(p.row for p in batches[table])
                     upserter = self._upserters[table]
-                    cur.execute("SAVEPOINT batch")
+                    # The savepoint and its release travel with the statements next to them:
+                    # each round trip is a wait for the interpreter lock on a busy crawl.
+                    release = "RELEASE SAVEPOINT batch"
                     try:
-                        results[table] = upserter.write(cur, rows)
-                        cur.execute("RELEASE SAVEPOINT batch")
+                        results[table] = upserter.write(cur, rows, before="SAVEPOINT batch")
                     except _ROW_REFUSED:
                         cur.execute("ROLLBACK TO SAVEPOINT batch")
                         results[table] = self._write_row_by_row(cur, upserter, rows)
+                        release = ""
                     if context is not None:
                         # Same transaction as the rows: a change is committed with its history or not at all.
-                        history.record(cur, table, results[table].changes, context)
+                        history.record(cur, table, results[table].changes, context, before=release)
+                    elif release:
+                        cur.execute(release)
                 if rejects:
                     _write_rejects(cur, rejects)
         return results
