@@ -165,7 +165,16 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
             return [(leased[m.group(1)], sku, updated, first) for url, sku, updated, first in rows
                     if (m := re.search(r"/p/(\d+)\.html$", url)) and m.group(1) in leased]
 
-        caught = wait_for(committed_but_leased, timeout=60, step=0.02)
+        # Seen from outside, a lease can be acknowledged between the look and the kill: the
+        # victim is frozen first and looked at again, so what is caught is what it dies holding.
+        deadline = time.monotonic() + 60
+        caught: list[tuple] = []
+        while not caught and time.monotonic() < deadline:
+            wait_for(committed_but_leased, timeout=max(0.1, deadline - time.monotonic()), step=0.02)
+            victim.proc.send_signal(signal.SIGSTOP)
+            caught = committed_but_leased()
+            if not caught:
+                victim.proc.send_signal(signal.SIGCONT)
         victim.proc.send_signal(signal.SIGKILL)
         victim.communicate(timeout=10)
         # Those rows were committed while their requests were still leased: the next run gets
