@@ -111,6 +111,32 @@ def test_prepared_statements_outlive_a_rolled_back_batch_and_follow_a_new_connec
         assert cur.fetchall() == [("b", "B2"), ("c", "C")]
 
 
+def test_writer_carries_on_when_prepared_statements_are_gone(clean, caplog) -> None:
+    # As behind a pooler in transaction mode: the next batch runs on a session that never
+    # prepared them. The batch is written again, and every later one without them.
+    writer = PostgresWriter(clean.database_url)
+    writer._conn = writer._connect()
+    schema.migrate(writer._conn, [Gadget])
+    writer._register(Gadget)
+    first = writer._write({"gadgets": [Pending(row("a", "A"), None)]}, [])
+    assert first["gadgets"].inserted == {("s", "a")}
+    with writer._conn, writer._conn.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")
+    with caplog.at_level("WARNING"):
+        again = writer._write({"gadgets": [Pending(row("a", "A2"), None), Pending(row("b", "B"), None)]}, [])
+        with writer._conn, writer._conn.cursor() as cur:
+            cur.execute("DEALLOCATE ALL")
+        third = writer._write({"gadgets": [Pending(row("c", "C"), None)]}, [])
+    assert again["gadgets"].updated == {("s", "a")} and again["gadgets"].inserted == {("s", "b")}
+    assert third["gadgets"].inserted == {("s", "c")}
+    assert caplog.text.count("planned for every batch from now on") == 1
+    assert caplog.text.count("retrying the batch") == 1  # the third needed no retry
+    with writer._conn.cursor() as cur:
+        cur.execute("SELECT code, name FROM gadgets ORDER BY code")
+        assert cur.fetchall() == [("a", "A2"), ("b", "B"), ("c", "C")]
+    writer._conn.close()
+
+
 def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     # Driven synchronously: the thread-side of the writer is plain code.
     writer = PostgresWriter(clean.database_url)

@@ -14,14 +14,18 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+import psycopg2.errors
 from psycopg2 import sql
 
 from .history import Change, diff
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,6 +104,8 @@ class TableUpserter:
         self._sql: dict[str, str] = {}
         self._names: dict[str, str] = {}
         self._prepared_on: Any = None
+        # Off for good once prepared statements are found gone (a pooler in transaction mode).
+        self._use_prepared = True
         all_cols = [*columns, "content_hash", *(["spider"] if spider is not None else [])]
         ident = sql.Identifier
         cols_sql = sql.SQL(", ").join(map(ident, all_cols))
@@ -171,19 +177,37 @@ class TableUpserter:
     def _prepare(self, cur: Any, before: str = "") -> None:
         """Render the statements once, and have this connection plan the two big ones once.
 
-        A batch at the lease cap holds a dozen rows or so, and Postgres spent most of its
-        time on such a batch parsing and planning the merge and the lock (1.5 ms of the
-        backend's CPU per 17-row batch). Prepared statements live as long as the session,
-        whatever becomes of the transaction that made them; one that finds the staging table
-        made anew (a rolled-back first batch) is planned again by Postgres itself."""
+        A batch at the lease cap holds a dozen rows or so, and parsing and planning the merge
+        and the lock were a fifth of the backend's CPU on such a batch (1.40 ms per 17-row
+        batch, 1.10 prepared). Prepared statements live as long as the session, whatever
+        becomes of the transaction that made them; one that finds the staging table made anew
+        (a rolled-back first batch) is planned again by Postgres itself. Behind a pooler that
+        hands each transaction another session they are gone at the next batch: then the
+        statements are sent as text from there on (see :meth:`_run`)."""
         self._sql = {name: getattr(self, name).as_string(cur)
                      for name in ("create_stage", "clear_stage", "copy", "lock_old", "merge")}
         self._create_stage(cur, before)
         # Named per upserter: two upserters of one table may share a connection.
         self._names = {name: f"{self.stage}_{name}_{next(_PREPARED)}" for name in ("lock_old", "merge")}
-        for name in ("lock_old", "merge") if self.track else ("merge",):
-            cur.execute(f"PREPARE {self._names[name]} AS {self._sql[name]}")
+        if self._use_prepared:
+            for name in ("lock_old", "merge") if self.track else ("merge",):
+                cur.execute(f"PREPARE {self._names[name]} AS {self._sql[name]}")
         self._prepared_on = cur.connection
+
+    def _run(self, cur: Any, name: str) -> None:
+        if not self._use_prepared:
+            cur.execute(self._sql[name])
+            return
+        try:
+            cur.execute(f"EXECUTE {self._names[name]}")
+        except psycopg2.errors.InvalidSqlStatementName:
+            # The writer takes this for a lost connection: it reconnects and writes the batch
+            # again, then without prepared statements.
+            self._use_prepared = False
+            logger.warning("Prepared statements do not last between transactions on this database "
+                           "connection (a pooler in transaction mode?): the upsert of %s is planned "
+                           "for every batch from now on", self.table)
+            raise
 
     def _create_stage(self, cur: Any, before: str) -> None:
         # One round trip with the caller's statement: each costs the writer thread a wait for
@@ -208,9 +232,9 @@ class TableUpserter:
         width = len(self.key)
         old: dict[tuple[Any, ...], dict[str, Any]] = {}
         if self.track:
-            cur.execute(f"EXECUTE {self._names['lock_old']}")
+            self._run(cur, "lock_old")
             old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
-        cur.execute(f"EXECUTE {self._names['merge']}")
+        self._run(cur, "merge")
         for record in cur.fetchall():
             key = tuple(record[:width])
             inserted, changed = record[width], record[width + 1]
