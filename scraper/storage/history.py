@@ -61,12 +61,8 @@ def diff(old: dict[str, Any], new: dict[str, Any], columns: Iterable[str]) -> di
 
 
 def record(cur: Any, table: str, changes: list[Change], context: Context, before: str = "") -> None:
-    """Insert *changes* of *table* inside the caller's transaction; *before*, a statement of the
-    caller's (without ``%``), runs first in the same round trip."""
-    if not changes:
-        if before:
-            cur.execute(before)
-        return
+    """Insert *changes* (not empty) of *table* inside the caller's transaction; *before*, a
+    statement of the caller's (without ``%``), runs first in the same round trip."""
     # One JSON document for the whole batch, unpacked by the server: formatting one VALUES
     # tuple per change in Python cost more than the rest of the batch's writing.
     cur.execute(

@@ -307,7 +307,7 @@ class PostgresWriter:
                         cur.execute("ROLLBACK TO SAVEPOINT batch")
                         results[table] = self._write_row_by_row(cur, upserter, rows)
                         release = ""
-                    if context is not None:
+                    if context is not None and results[table].changes:
                         # Same transaction as the rows: a change is committed with its history or not at all.
                         history.record(cur, table, results[table].changes, context, before=release)
                     elif release:
