@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twisted.internet import defer, threads
+from twisted.internet import defer
+
+from .worker_threads import defer_to_thread
 
 
 class RedisBatcher:
@@ -31,7 +33,7 @@ class RedisBatcher:
     def _send(self) -> None:
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
         self._in_flight = True
-        sent = threads.deferToThread(self._execute, [add for add, _ in batch])
+        sent = defer_to_thread(self._execute, [add for add, _ in batch])
 
         def done(replies: list[Any]) -> None:
             for (_, d), reply in zip(batch, replies):

@@ -34,10 +34,11 @@ import psycopg2
 import psycopg2.errors
 from psycopg2.extras import execute_values
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, task
 
 from ..items.base import StoredItem
 from ..secrets import redact
+from ..worker_threads import defer_to_thread
 from . import history, schema
 from .upsert import BatchResult, Row, TableUpserter
 
@@ -191,7 +192,7 @@ class PostgresWriter:
         self._oldest = time.monotonic() if self.pending() else None
         started = time.monotonic()
         self._in_flight = sum(map(len, batches.values())) + len(rejects)
-        d = threads.deferToThread(self._write, batches, [r for r, _ in rejects])
+        d = defer_to_thread(self._write, batches, [r for r, _ in rejects])
         self._flushing = d
 
         def done(results: dict[str, BatchResult]) -> None:
