@@ -91,13 +91,19 @@ def pipeline_eval(pipe: Any, script: str, keys: Sequence[Any], args: Sequence[An
 
 
 class _Script(Script):
-    """A Lua script that also runs in a cluster pipeline, where redis-py refuses EVALSHA."""
+    """A Lua script that also runs in a cluster pipeline, where redis-py refuses EVALSHA.
+
+    In any pipeline it is sent as ``EVAL``: for a plain pipeline holding a script, redis-py
+    first asks ``SCRIPT EXISTS`` in a round trip of its own at every ``execute()`` (it cannot
+    take a ``NOSCRIPT`` answer back from inside a pipeline). The dedupe claims' batches took
+    two round trips each for that."""
 
     def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None,
                  client: Any = None) -> Any:
+        from redis.client import Pipeline
         from redis.cluster import ClusterPipeline
 
-        if isinstance(client, ClusterPipeline):
+        if isinstance(client, (Pipeline, ClusterPipeline)):
             return pipeline_eval(client, self.script, keys or (), args or ())
         return super().__call__(keys, args, client)
 
