@@ -403,16 +403,22 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
                    "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
             where = f"{url} ({args.products} products, {delay} ms per page)"
             runs = []
+            variants = {
+                "plain": ("with plain Scrapy", PLAIN),
+                "full": ("through the whole pipeline (leases on, metrics on)", []),
+                "unleased": ("through the whole pipeline, without leases", ["-s", "SCHEDULER_LEASE_TIMEOUT=0"]),
+            }
             for attempt in range(args.repeat):
-                print(f"\ncrawling {where} with plain Scrapy ...", flush=True)
-                plain = crawl(env, PLAIN, dsn, server)
-                print("crawling it again through the whole pipeline, without leases ...", flush=True)
-                drop_tables(dsn)
-                unleased = crawl(env, ["-s", "SCHEDULER_LEASE_TIMEOUT=0"], dsn, server)
-                print("crawling it again through the whole pipeline (leases on, metrics on) ...", flush=True)
-                drop_tables(dsn)
-                full = crawl(env, [], dsn, server)
-                runs.append((plain, unleased, full))
+                # This machine's speed drifts within minutes: plain Scrapy and the whole pipeline
+                # are crawled back to back in every run, in turn first and second.
+                order = ["plain", "full", "unleased"] if attempt % 2 == 0 else ["unleased", "full", "plain"]
+                got: dict[str, dict[str, Any]] = {}
+                for name in order:
+                    label, extra = variants[name]
+                    print(f"\ncrawling {where} {label} ...", flush=True)
+                    drop_tables(dsn)
+                    got[name] = crawl(env, extra, dsn, server)
+                runs.append((got["plain"], got["unleased"], got["full"]))
         finally:
             site.terminate()
             site.wait()

@@ -115,7 +115,10 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
         if held is None or _mostly_failed(crawler.stats):
             logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)
             return
-        seen = (field.decode() if isinstance(field, bytes) else field for field, _ in server.hscan_iter(held))
+        # A thousand claims per round trip: Redis' default of ten made the last node's close
+        # one round trip per ten items stored (460 for the 5,000-product demo shop).
+        seen = (field.decode() if isinstance(field, bytes) else field
+                for field, _ in server.hscan_iter(held, count=1000))
         conn = psycopg2.connect(writer.dsn)
         try:
             gone = mark_gone(conn, spider, list(writer._types.values()), seen, current_run_id(crawler))
