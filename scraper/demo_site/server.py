@@ -271,6 +271,12 @@ class DemoSite:
         with self._lock:
             return self._max_in_flight
 
+    def in_flight(self) -> int:
+        """Requests being served now (a client may have read its whole answer a moment before
+        the server is done with it)."""
+        with self._lock:
+            return self._in_flight
+
     def connections_opened(self) -> int:
         """Connections clients have opened since the site started."""
         return self._httpd.opened if self._httpd is not None else 0
