@@ -9,7 +9,8 @@ comparison it belongs to), so that successive runs can be compared.
   pipelines), by the whole pipeline without leases, and by the whole pipeline (leases and
   metrics on), with pages served instantly (CPU-bound) and at 100 ms per page; pages/s, CPU per
   page of the crawler alone and of the crawler plus Redis plus the Postgres backends it used
-  (from /proc), peak RSS; ``--repeat`` times, to show the noise.
+  (from /proc), peak RSS; ``--repeat`` times, plain Scrapy and the whole pipeline back to back in
+  each run (each in turn first), and the median of the per-run ratios.
 * redelivery: a worker with ``CONCURRENT_REQUESTS=8`` is SIGKILLed in a 300-product crawl at
   100 ms per page and another started: how many leases it held, how soon they came back, and
   how many pages were fetched twice by the end; with the lease cap and without.
