@@ -12,17 +12,18 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
-class _CountingConnection(redis.Connection):
-    sends = 0
-
-    def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
-        type(self).sends += 1
-        return super().send_packed_command(command, check_health)
-
-
 def test_a_pipelined_script_costs_no_extra_round_trip_and_survives_a_script_flush(clean) -> None:
-    url = clean.redis_url
-    server = redis.Redis(connection_pool=redis.ConnectionPool.from_url(url, connection_class=_CountingConnection))
+    pool = redis.ConnectionPool.from_url(clean.redis_url)
+
+    class _CountingConnection(pool.connection_class):  # TCP, or the embedded server's socket
+        sends = 0
+
+        def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
+            type(self).sends += 1
+            return super().send_packed_command(command, check_health)
+
+    pool.connection_class = _CountingConnection
+    server = redis.Redis(connection_pool=pool)
     claim = register_script(server, _CLAIM)
     for flush_first in (False, True):
         if flush_first:
