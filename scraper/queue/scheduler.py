@@ -495,26 +495,22 @@ class SharedScheduler(Scheduler):
             self._redis_down(exc)
             return True
         self.stats.inc_value("scheduler/lease_cap_waits")
-        writer = getattr(self.crawler, "_postgres_writer", None)
-        # A quarter of the cap's rows per batch, unless no download is left to bring more:
-        # committing whatever waited at each look made batches of ~10 rows on the bench's demo
-        # shop, whose fixed cost (writer thread, Postgres) dominated the store's cost per page;
-        # with ~20 rows per batch the crawler's CPU per page fell 4-9 % and pages/s rose 8-22 %.
-        if writer is not None and writer.gave_up is None and writer.pending() >= quarter:
-            writer._flush_if_idle()
-        else:
-            self._flush_writer_if_nothing_comes()
+        # A quarter of the cap's rows per batch: committing whatever waited at each look made
+        # batches of ~10 rows on the bench's demo shop, whose fixed cost (writer thread,
+        # Postgres) dominated the store's cost per page; with ~20 rows per batch the crawler's
+        # CPU per page fell 4-9 % and pages/s rose 8-22 %.
+        self._flush_writer(enough=quarter)
         return True
 
-    def _flush_writer_if_nothing_comes(self) -> None:
-        """Commit the rows waiting now when no download is in flight to bring more (the end of
-        a crawl, or the lease cap): they would wait for ``POSTGRES_FLUSH_INTERVAL`` instead, and
-        their pages' leases, and the end of the crawl, with them."""
+    def _flush_writer(self, enough: int | None = None) -> None:
+        """Have the writer commit the rows waiting now, rather than at ``POSTGRES_FLUSH_INTERVAL``,
+        once *enough* of them wait, or whenever no download is in flight to bring more (the end
+        of a crawl, or the lease cap): their pages' leases, and the end of the crawl, wait on them."""
         writer = getattr(self.crawler, "_postgres_writer", None)
         if writer is None or writer.gave_up is not None or not writer.pending():
             return
         downloader = getattr(getattr(self.crawler, "_engine", None), "downloader", None)
-        if not getattr(downloader, "active", ()):
+        if (enough is not None and writer.pending() >= enough) or not getattr(downloader, "active", ()):
             writer._flush_if_idle()
 
     def next_request(self) -> Request | None:
@@ -531,7 +527,7 @@ class SharedScheduler(Scheduler):
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
         else:
-            self._flush_writer_if_nothing_comes()
+            self._flush_writer()
         return request
 
     def has_pending_requests(self) -> bool:
