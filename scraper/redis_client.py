@@ -46,20 +46,26 @@ def cluster_url(url: str) -> str | None:
     return urlunsplit((scheme, parts.netloc, "", parts.query, ""))
 
 
+def client_options(retry_class: type) -> dict[str, Any]:
+    """What every crawl connection is opened with; *retry_class* is redis-py's ``Retry`` of the
+    sync or of the asyncio client."""
+    return dict(
+        # Named so that operators (and tests) can tell crawl connections apart.
+        client_name=f"scraper:{socket.gethostname()}:{os.getpid()}",
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=30,
+        retry=retry_class(ExponentialBackoff(cap=5, base=0.1), 6),
+    )
+
+
 def get_redis(url: str) -> Any:
     """Return the process-wide client for *url*: ``redis://``, ``rediss://``, ``unix://``, or
     ``redis+cluster://``/``rediss+cluster://`` for a Redis Cluster (a ``RedisCluster``)."""
     with _lock:
         client = _clients.get(url)
         if client is None:
-            options = dict(
-                # Named so that operators (and tests) can tell crawl connections apart.
-                client_name=f"scraper:{socket.gethostname()}:{os.getpid()}",
-                socket_connect_timeout=5,
-                socket_timeout=30,
-                health_check_interval=30,
-                retry=Retry(ExponentialBackoff(cap=5, base=0.1), 6),
-            )
+            options = client_options(Retry)
             plain = cluster_url(url)
             if plain is not None:
                 from redis.cluster import RedisCluster
