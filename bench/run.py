@@ -84,6 +84,7 @@ PLAIN = [
     "-s", "EXTENSIONS={}",
     "-s", "SPIDER_MIDDLEWARES={}",
     "-s", "DOWNLOAD_HANDLERS={}",
+    "-s", "STATS_CLASS=scrapy.statscollectors.MemoryStatsCollector",
 ]
 
 

@@ -258,6 +258,9 @@ QUALITY_PRICE_SHIFT = _env("QUALITY_PRICE_SHIFT", "0.25")
 # For CI and schedulers: `scrapy crawl` exits with status 3 when its run is degraded.
 QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "false")
 
+# Scrapy's in-memory stats without the per-call deprecation shim (see scraper/stats.py).
+STATS_CLASS = "scraper.stats.StatsCollector"
+
 EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
     "scraper.monitoring.exporter.MetricsExporter": 200,
