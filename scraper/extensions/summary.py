@@ -17,6 +17,8 @@ from typing import Any
 
 from scrapy import Request, signals
 
+from ..item_observers import on_response_received
+
 logger = logging.getLogger(__name__)
 
 ACTIVE_STAT = "summary/active_seconds"
@@ -86,14 +88,14 @@ class CrawlSummary:
         ext = cls(crawler)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        on_response_received(crawler, ext.response_received)
         crawler.signals.connect(ext.request_dropped, signal=signals.request_dropped)
         return ext
 
     def spider_opened(self) -> None:
         self.started = time.monotonic()
 
-    def response_received(self) -> None:
+    def response_received(self, response: Any, request: Any) -> None:
         self.last_response = time.monotonic()
 
     def request_dropped(self, request: Request) -> None:

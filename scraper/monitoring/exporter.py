@@ -42,7 +42,7 @@ from scrapy.exceptions import NotConfigured
 from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
-from ..item_observers import on_item_scraped
+from ..item_observers import on_item_scraped, on_response_received
 from ..redis_client import get_redis
 from ..quality.metrics import QualityCollector
 from ..runs.metrics import RunCollector
@@ -105,7 +105,7 @@ class MetricsExporter:
         ext = cls(crawler)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        on_response_received(crawler, ext.response_received)
         on_item_scraped(crawler, ext.item_scraped)
         return ext
 
@@ -170,11 +170,11 @@ class MetricsExporter:
             self.target_file = None
 
     # --- observations -------------------------------------------------------------------------
-    def response_received(self, response: Any, request: Any, spider: Any) -> None:
+    def response_received(self, response: Any, request: Any) -> None:
         self.collector.last_response = time.time()
         latency = request.meta.get("download_latency")
         if latency is not None:
-            labels = (spider.name, self._domain(response.url))
+            labels = (self.crawler.spider.name, self._domain(response.url))
             child = self._latency_children.get(labels)
             if child is None:
                 child = self._latency_children[labels] = self.latency.labels(*labels)

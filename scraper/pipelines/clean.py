@@ -30,11 +30,10 @@ from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
-from scrapy import signals
-
 from ..cleaning import canonical_url, clean_text, parse_date, read_price
 from ..cleaning.currency import currency_of, territory_of
 from ..cleaning.language import date_languages, declared_language
+from ..item_observers import on_response_received
 from ..items.base import StoredItem
 
 # Pages whose declared language is remembered until their items are cleaned; items follow
@@ -88,13 +87,13 @@ class CleanPipeline:
         self._contexts: dict[str | None, dict[str, Any]] = {}
         # Per item type: its price fields and the currency field each fills.
         self._prices: dict[type, tuple[tuple[str, str], ...]] = {}
-        crawler.signals.connect(self._remember_language, signal=signals.response_received)
+        on_response_received(crawler, self._remember_language)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "CleanPipeline":
         return cls(crawler)
 
-    def _remember_language(self, response: Any, request: Any = None, spider: Any = None) -> None:
+    def _remember_language(self, response: Any, request: Any = None) -> None:
         try:
             language = declared_language(response.headers.get(b"Content-Language"), response.body)
         except Exception:  # a page without a readable declaration declares nothing

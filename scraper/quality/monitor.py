@@ -30,7 +30,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from ..config import get_float
-from ..item_observers import on_item_scraped
+from ..item_observers import on_item_scraped, on_response_received
 from ..items.base import StoredItem, stored_item_types
 from . import coverage as coverage_figures
 from . import figures as run_figures
@@ -70,7 +70,7 @@ class QualityMonitor:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         on_item_scraped(crawler, ext.item_scraped)
-        crawler.signals.connect(ext.response_received, signal=signals.response_received)
+        on_response_received(crawler, ext.response_received)
         return ext
 
     # --- counting ----------------------------------------------------------------------------
@@ -80,7 +80,7 @@ class QualityMonitor:
             self.coverage.add(item)
             self.prices.add(item)
 
-    def response_received(self, response: Any) -> None:
+    def response_received(self, response: Any, request: Any) -> None:
         self.responses["total"] += 1
         if response.status in BLOCKED_STATUSES:
             self.responses["blocked"] += 1
