@@ -110,6 +110,7 @@ class DedupePipeline:
         self.batcher = RedisBatcher(server)
         self.claim = register_script(server, _CLAIM)
         self._batches: _ClaimBatches | None = None
+        self._threaded = False
         self._local: dict[bytes, str] = {}
         self._last_warning = float("-inf")
         self._hkey: str | None = None
@@ -151,16 +152,18 @@ class DedupePipeline:
     async def _claim(self, hkey: str, field: str, origin: str) -> Any:
         """Claim *field* for *origin*; while Redis is unreachable, wait and try again (the claim is
         idempotent, and the item's page stays unacknowledged meanwhile)."""
-        from twisted.internet import reactor
-
-        loop = running_loop()
-        if loop is not None and self._batches is None:
-            self._batches = _ClaimBatches(self.crawler.settings["REDIS_URL"], loop)
+        batches = self._batches
+        if batches is None and not self._threaded:
+            loop = running_loop()
+            if loop is None:
+                self._threaded = True  # another Twisted reactor: no asyncio loop to send from
+            else:
+                batches = self._batches = _ClaimBatches(self.crawler.settings["REDIS_URL"], loop)
         delay = 0.5
         while True:
             try:
-                if loop is not None:
-                    return await self._batches.claim(hkey, field, origin)
+                if batches is not None:
+                    return await batches.claim(hkey, field, origin)
                 return await maybe_deferred_to_future(
                     self.batcher.call(lambda pipe: self.claim(keys=[hkey], args=[field, origin], client=pipe))
                 )
@@ -169,8 +172,10 @@ class DedupePipeline:
                 if time.monotonic() - self._last_warning >= 10:
                     self._last_warning = time.monotonic()
                     logger.warning("Redis unreachable (%s): items wait for their dedupe claim", type(exc).__name__)
-                if loop is not None:
+                if batches is not None:
                     await asyncio.sleep(delay)
                 else:
+                    from twisted.internet import reactor
+
                     await maybe_deferred_to_future(task.deferLater(reactor, delay, lambda: None))
                 delay = min(delay * 2, 5.0)
