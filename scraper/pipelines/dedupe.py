@@ -46,7 +46,7 @@ for i = 1, #ARGV, 2 do
 end
 return owners
 """
-# Claims per script call at most: a call blocks Redis for ~1 µs per claim.
+# Claims per script call at most: a script blocks Redis while it runs, a few µs per claim.
 MAX_BATCH = 1000
 # Bounded so that memory is flat on a long crawl (~280 bytes an entry); past it, Redis answers.
 LOCAL_CACHE_LIMIT = 20_000
