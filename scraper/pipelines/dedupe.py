@@ -29,12 +29,8 @@ from ..redis_client import UNREACHABLE, get_redis, register_script
 
 logger = logging.getLogger(__name__)
 
-# Claim the key for this page, or learn which page claimed it first; one round trip.
-_CLAIM = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return ARGV[2] end
-return redis.call('HGET', KEYS[1], ARGV[1])
-"""
-# The same for a batch: ARGV holds (key, page) pairs; the owner of each, in order.
+# Claim each key for its page, or learn which page claimed it first: ARGV holds (key, page)
+# pairs; the owner of each, in order.
 _CLAIMS = """
 local owners = {}
 for i = 1, #ARGV, 2 do
@@ -108,7 +104,7 @@ class DedupePipeline:
         self.crawler = crawler
         server = get_redis(crawler.settings["REDIS_URL"])
         self.batcher = RedisBatcher(server)
-        self.claim = register_script(server, _CLAIM)
+        self.claim = register_script(server, _CLAIMS)
         self._batches: _ClaimBatches | None = None
         self._threaded = False
         self._local: dict[bytes, str] = {}
@@ -164,9 +160,10 @@ class DedupePipeline:
             try:
                 if batches is not None:
                     return await batches.claim(hkey, field, origin)
-                return await maybe_deferred_to_future(
+                owners = await maybe_deferred_to_future(
                     self.batcher.call(lambda pipe: self.claim(keys=[hkey], args=[field, origin], client=pipe))
                 )
+                return owners[0]
             except UNREACHABLE as exc:
                 self.crawler.stats.inc_value("dedupe/redis_errors")
                 if time.monotonic() - self._last_warning >= 10:
