@@ -507,10 +507,13 @@ class SharedScheduler(Scheduler):
         once *enough* of them wait, or whenever no download is in flight to bring more (the end
         of a crawl, or the lease cap): their pages' leases, and the end of the crawl, wait on them."""
         writer = getattr(self.crawler, "_postgres_writer", None)
-        if writer is None or writer.gave_up is not None or not writer.pending():
+        if writer is None or writer.gave_up is not None:
+            return
+        waiting = writer.pending()
+        if not waiting:
             return
         downloader = getattr(getattr(self.crawler, "_engine", None), "downloader", None)
-        if (enough is not None and writer.pending() >= enough) or not getattr(downloader, "active", ()):
+        if (enough is not None and waiting >= enough) or not getattr(downloader, "active", ()):
             writer._flush_if_idle()
 
     def next_request(self) -> Request | None:
