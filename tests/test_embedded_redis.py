@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import redis
@@ -38,3 +39,13 @@ def test_the_shared_budget_settles_on_the_embedded_redis(tmp_path: Path) -> None
         assert server.proc is not None
         server.proc.kill()  # a crashed server hangs in its crash handler, deaf to a shutdown
         server.proc.wait(timeout=30)
+
+
+def test_no_script_calls_incrbyfloat() -> None:
+    # The crash above needs a wide command earlier in any script of the server's life, so every
+    # script must keep away from INCRBYFLOAT, not only the budget's (the other commands that
+    # rewrite their arguments, tried on the embedded binary the same way, do not corrupt it).
+    root = Path(__file__).resolve().parent.parent / "scraper"
+    callers = [str(path.relative_to(root)) for path in root.rglob("*.py")
+               if re.search(r"redis\.p?call\(\s*['\"]incrbyfloat['\"]", path.read_text(encoding="utf-8"), re.I)]
+    assert callers == []
