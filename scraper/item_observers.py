@@ -24,34 +24,35 @@ class _Fanout:
     def __init__(self) -> None:
         self.observers: list[Callable[..., None]] = []
 
-    def item_scraped(self, item: Any) -> None:
+    def _send(self, *args: Any) -> None:
         for observer in self.observers:
             try:
-                observer(item)
+                observer(*args)
             except Exception:
                 logger.error("Error caught on signal handler: %r", observer, exc_info=True)
 
+    # Named parameters: PyDispatcher passes a receiver only the arguments its signature names.
+    def item_scraped(self, item: Any) -> None:
+        self._send(item)
+
     def response_received(self, response: Any, request: Any) -> None:
-        for observer in self.observers:
-            try:
-                observer(response, request)
-            except Exception:
-                logger.error("Error caught on signal handler: %r", observer, exc_info=True)
+        self._send(response, request)
+
+
+def _observe(crawler: Any, attribute: str, signal: Any, receiver: str, observer: Callable[..., None]) -> None:
+    fanout = crawler.__dict__.get(attribute)
+    if fanout is None:
+        fanout = _Fanout()
+        setattr(crawler, attribute, fanout)
+        crawler.signals.connect(getattr(fanout, receiver), signal=signal, weak=False)
+    fanout.observers.append(observer)
 
 
 def on_item_scraped(crawler: Any, observer: Callable[[Any], None]) -> None:
     """Call ``observer(item)`` for each item that went through every pipeline."""
-    fanout = crawler.__dict__.get("_item_observers")
-    if fanout is None:
-        fanout = crawler._item_observers = _Fanout()
-        crawler.signals.connect(fanout.item_scraped, signal=signals.item_scraped, weak=False)
-    fanout.observers.append(observer)
+    _observe(crawler, "_item_observers", signals.item_scraped, "item_scraped", observer)
 
 
 def on_response_received(crawler: Any, observer: Callable[[Any, Any], None]) -> None:
     """Call ``observer(response, request)`` for each response the engine receives."""
-    fanout = crawler.__dict__.get("_response_observers")
-    if fanout is None:
-        fanout = crawler._response_observers = _Fanout()
-        crawler.signals.connect(fanout.response_received, signal=signals.response_received, weak=False)
-    fanout.observers.append(observer)
+    _observe(crawler, "_response_observers", signals.response_received, "response_received", observer)
