@@ -347,8 +347,9 @@ class SharedScheduler(Scheduler):
         except UNREACHABLE as exc:
             self._closed_without_redis(type(exc).__name__)
         finally:
-            if self.queue.ahead is not None:
-                self.queue.ahead.close()
+            ahead = getattr(getattr(self, "queue", None), "ahead", None)
+            if ahead is not None:
+                ahead.close()
         self.df.close(reason)
 
     def _closed_without_redis(self, why: str) -> None:
