@@ -347,9 +347,8 @@ class SharedScheduler(Scheduler):
         except UNREACHABLE as exc:
             self._closed_without_redis(type(exc).__name__)
         finally:
-            ahead = getattr(getattr(self, "queue", None), "ahead", None)
-            if ahead is not None:
-                ahead.close()
+            if self.queue.ahead is not None:
+                self.queue.ahead.close()
         self.df.close(reason)
 
     def _closed_without_redis(self, why: str) -> None:
