@@ -24,7 +24,7 @@ from . import keys
 lease_abandoned = object()
 
 # KEYS: pending, leased, deadlines, owners. ARGV: count, deadline, owner.
-TAKE_SCRIPT = """
+_TAKE = """
 local items = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
 local out = {}
 for i = 1, #items, 2 do
@@ -97,10 +97,6 @@ return {requeued, dead}
 """
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class _Group:
     """The keys of one shard's queue and leases."""
 
@@ -139,24 +135,17 @@ class Leases:
         self.owner = owner or uuid.uuid4().hex
         self.mine: set[str] = set()
         self._shard_of: dict[str, int] = {}
-        self._take = register_script(server, TAKE_SCRIPT)
+        self._take = register_script(server, _TAKE)
         self._owned = register_script(server, _OWNED)
         self._reap = register_script(server, _REAP)
         self._last_renewal = 0.0
 
     def take(self, count: int, shard: int = 0) -> list[tuple[str, float, bytes]]:
         """Lease up to *count* requests of *shard*: (lease id, score, data), best first."""
-        return self.taken(self._take(*self.take_call(count, shard)), shard)
-
-    def take_call(self, count: int, shard: int = 0) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of :data:`TAKE_SCRIPT` (for a caller that sends it itself)."""
         group = self.groups[shard]
-        return ([group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
-                [count, time.time() + self.ttl, self.owner])
-
-    def taken(self, flat: list[Any], shard: int = 0) -> list[tuple[str, float, bytes]]:
-        """Record the leases of a reply of :data:`TAKE_SCRIPT`: (lease id, score, data), best first."""
-        taken = [(_text(flat[i]), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+        flat = self._take(keys=[group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
+                          args=[count, time.time() + self.ttl, self.owner])
+        taken = [(flat[i].decode(), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
         self.mine.update(lease for lease, _, _ in taken)
         if len(self.groups) > 1:
             for lease, _, _ in taken:

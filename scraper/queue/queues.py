@@ -19,8 +19,6 @@ from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 from . import serializer as json_serializer
 from .dead_letters import entry as dead_entry
 from .keys import dead_key, queue_key
-from .leases import TAKE_SCRIPT
-from .read_ahead import ReadAhead
 from .requests import is_leaked_api_call, request_from_dict, request_to_dict
 from .serializer import SerializationError
 from .shards import Shards
@@ -78,8 +76,6 @@ class PriorityQueue(_RedisPriorityQueue):
         # Set by the scheduler on a sharded cluster (see replication.py): told which shards
         # each flush wrote to.
         self.barrier: Any = None
-        # Set by the scheduler (see read_ahead.py): the next take, sent before it is needed.
-        self.ahead: ReadAhead | None = None
 
     def shard_of(self, request: Request) -> int:
         return self.shards.of_url(request.url) if self.shards is not None else 0
@@ -162,9 +158,7 @@ class PriorityQueue(_RedisPriorityQueue):
         return len(self._staged)
 
     def local_pending(self) -> int:
-        """Requests this node holds but has not handed out; a take in flight counts as one
-        (what it brings is not known before it is read)."""
-        return len(self._staged) + len(self._prefetched) + (1 if self.taking() else 0)
+        return len(self._staged) + len(self._prefetched)
 
     def prefetched_count(self) -> int:
         return len(self._prefetched)
@@ -174,7 +168,6 @@ class PriorityQueue(_RedisPriorityQueue):
 
     def return_prefetched(self) -> int:
         """Put requests taken but never handed out back into the shared queue (on close)."""
-        self.settle()
         if not self._prefetched:
             return 0
         taken, self._prefetched = self._prefetched, []
@@ -229,30 +222,6 @@ class PriorityQueue(_RedisPriorityQueue):
             self._empty_until[shard] = now + 0.5
         return []
 
-    def read_ahead(self, ahead: ReadAhead) -> None:
-        """Send each next take once the last request taken is handed out (leased, unsharded
-        queues only: see :mod:`.read_ahead`)."""
-        if self.leases is None or self.shards is not None:
-            raise ValueError("read-ahead needs leases and an unsharded queue")
-        self.ahead = ahead
-
-    def _read_ahead(self, count: int) -> None:
-        keys, args = self.leases.take_call(count)
-        self.ahead.send(count, ["EVAL", TAKE_SCRIPT, len(keys), *keys, *args], self._taken_ahead)
-
-    def _taken_ahead(self, reply: list[Any]) -> list[tuple[str | None, float, bytes, int]]:
-        return [(lease, score, data, 0) for lease, score, data in self.leases.taken(reply)]
-
-    def taking(self) -> int:
-        """Requests the take in flight may bring (0 when none is)."""
-        return self.ahead.count if self.ahead is not None else 0
-
-    def settle(self) -> None:
-        """Read the take in flight, if any, into the requests taken (raises as a take does)."""
-        if self.ahead is not None and self.ahead.count:
-            # Handed out after those taken before it (the list is handed out from its end).
-            self._prefetched[:0] = reversed(self.ahead.collect())
-
     def _encode_request(self, request: Request) -> bytes:
         try:
             return self.serializer.dumps(request_to_dict(request, self.spider, self._callback_names))
@@ -273,21 +242,10 @@ class PriorityQueue(_RedisPriorityQueue):
         # prefetching (at most *limit*, when given). A corrupt entry is set aside rather than
         # crashing the engine loop.
         if not self._prefetched:
-            if self.ahead is not None and self.ahead.count and not self.ahead.ready():
-                # Not back yet: the engine asks again once a page handed out meanwhile is done
-                # (one was, since the take left), rather than waiting for the reply here.
-                return None
-            self.settle()
-            if not self._prefetched and limit is not None and limit <= 0:
-                return None  # the lease cap: the take read ahead was all there was room for
-            if not self._prefetched:
-                # Also when the take read ahead found nothing: links may have come since it left.
-                self._prefetched = list(reversed(self._take(max(1, min(self.prefetch, limit or self.prefetch)))))
+            self._prefetched = list(reversed(self._take(max(1, min(self.prefetch, limit or self.prefetch)))))
             if not self._prefetched:
                 return None
         lease, _score, data, _shard = self._prefetched.pop()
-        if self.ahead is not None and len(self._prefetched) <= self.prefetch // 2 and not self.ahead.count:
-            self._read_ahead(self.prefetch if limit is None else min(self.prefetch, limit))
         try:
             request = self._decode_request(data)
             if lease:

@@ -47,7 +47,6 @@ from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
 from .replication import ReplicaBarrier
 from .queues import LEASE_META, RequestSerializationError
-from .read_ahead import ReadAhead
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +115,6 @@ class SharedScheduler(Scheduler):
                                  self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id,
                                  shards=self.shards)
             self.queue.leases = self.leases
-            if self.shards.count == 1 and ReadAhead.usable(self.server):
-                self.queue.read_ahead(ReadAhead(self.server))
             self.queue.barrier = self.barrier = ReplicaBarrier.needed(self.server, self.shards)
         if self.flush_on_start:
             self.flush()
@@ -346,9 +343,6 @@ class SharedScheduler(Scheduler):
             self._close(reason)
         except UNREACHABLE as exc:
             self._closed_without_redis(type(exc).__name__)
-        finally:
-            if self.queue.ahead is not None:
-                self.queue.ahead.close()
         self.df.close(reason)
 
     def _closed_without_redis(self, why: str) -> None:
@@ -486,7 +480,7 @@ class SharedScheduler(Scheduler):
         """This node holds ``SCHEDULER_MAX_LEASES`` leases and has none left to hand out: take no
         more until some are acknowledged, and have the writer commit what it holds now instead
         of at its next interval (rows waiting for their batch keep their pages leased)."""
-        if self.leases is None or not self.max_leases or self.queue.prefetched_count() or self.queue.taking():
+        if self.leases is None or not self.max_leases or self.queue.prefetched_count():
             return False
         if len(self.leases.mine) < self.max_leases:
             return False
@@ -528,8 +522,7 @@ class SharedScheduler(Scheduler):
         try:
             self.nodes.beat()
             self.flush_staged()
-            room = (self.max_leases - len(self.leases.mine) - self.queue.taking()
-                    if self.leases is not None and self.max_leases else None)
+            room = self.max_leases - len(self.leases.mine) if self.leases is not None and self.max_leases else None
             request = self.queue.pop(limit=room)
         except UNREACHABLE as exc:
             self._redis_down(exc)
@@ -541,12 +534,6 @@ class SharedScheduler(Scheduler):
         return request
 
     def has_pending_requests(self) -> bool:
-        try:
-            # Asked when nothing is downloading: what a take in flight brought decides.
-            self.queue.settle()
-        except UNREACHABLE as exc:
-            self._redis_down(exc)
-            return True
         if self.queue.local_pending() > 0:
             return True
         try:
