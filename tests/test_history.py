@@ -86,3 +86,49 @@ def test_unchanged_rows_cost_at_most_two_bytes_of_wal_each(conn) -> None:
         cur.copy_expert(up.copy, io.StringIO(up._copy_data([row("w00000", "renamed", "3.00")])))
         assert _wal_bytes(cur, up.lock_old) + _wal_bytes(cur, up.merge) > 0
     assert len(entries(conn)) == n
+
+
+def test_inserts_recorded_by_the_merge_itself_read_as_the_writers_own(conn) -> None:
+    """The writer has the merge write each insert's entry (no round trip of the row as JSON):
+    the entries must be the very ones the upserter's own path records, values and order."""
+    from datetime import datetime, timezone
+
+    rows = [row(f"k{i:02d}", f"name {i}\t\\ \"q\" é", f"{i}.5{i % 10}") for i in range(12)]
+    rows[3].values["seen"] = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    rows[4].values["name"] = None
+    context = history.Context("shop", 9, "crawl")
+
+    def by_sql(batch):
+        up = TableUpserter("gadgets", COLUMNS, ("shop", "code"), 3600.0, spider="shop", track=True, sql_history=True)
+        with conn, conn.cursor() as cur:
+            result = up.write(cur, [Row(r.key, dict(r.values)) for r in batch], context=context)
+            if result.changes:
+                history.record(cur, "gadgets", result.changes, context)
+        return result
+
+    def by_python(batch):
+        up = upserter()
+        with conn, conn.cursor() as cur:
+            result = up.write(cur, [Row(r.key, dict(r.values)) for r in batch])
+            history.record(cur, "gadgets", result.changes, context)
+        return result
+
+    def wipe():
+        with conn, conn.cursor() as cur:
+            cur.execute("DELETE FROM gadgets; DELETE FROM item_changes")
+
+    changed = [row(r.key[1], "renamed", "7.00") if i < 4 else r for i, r in enumerate(rows)]
+    recorded = {}
+    for name, write_batch in (("sql", by_sql), ("python", by_python)):
+        wipe()
+        first = write_batch(rows)
+        assert first.inserted == {r.key for r in rows}
+        # Inserts only come back in the result from the upserter's own path.
+        assert [c.kind for c in first.changes] == ([] if name == "sql" else ["insert"] * 12)
+        second = write_batch(changed)
+        assert second.updated == {r.key for r in changed[:4]}
+        recorded[name] = entries(conn)
+    assert len(recorded["sql"]) == 16
+    assert recorded["sql"] == recorded["python"]
+    assert recorded["sql"][3][4]["seen"] == [None, "2026-01-02T03:04:05+00:00"]
+    assert "name" not in recorded["sql"][4][4]

@@ -178,9 +178,11 @@ class PostgresWriter:
                 conn.close()
         self._types[item_type.table] = item_type
         spider = self.history_context().spider if self.history_context is not None else None
+        columns = item_type.columns()
         self._upserters[item_type.table] = TableUpserter(
-            item_type.table, list(item_type.columns()), item_type.key, self.last_seen_resolution,
+            item_type.table, list(columns), item_type.key, self.last_seen_resolution,
             spider=spider, track=self.history_context is not None,
+            sql_history=all(_json_stable(columns[k]) for k in item_type.key),
         )
 
     # --- flushing -----------------------------------------------------------------------------
@@ -303,10 +305,10 @@ class PostgresWriter:
                     # each round trip is a wait for the interpreter lock on a busy crawl.
                     release = "RELEASE SAVEPOINT batch"
                     try:
-                        results[table] = upserter.write(cur, rows, before="SAVEPOINT batch")
+                        results[table] = upserter.write(cur, rows, before="SAVEPOINT batch", context=context)
                     except _ROW_REFUSED:
                         cur.execute("ROLLBACK TO SAVEPOINT batch")
-                        results[table] = self._write_row_by_row(cur, upserter, rows)
+                        results[table] = self._write_row_by_row(cur, upserter, rows, context)
                         release = ""
                     if context is not None and results[table].changes:
                         # Same transaction as the rows: a change is committed with its history or not at all.
@@ -317,12 +319,13 @@ class PostgresWriter:
                     _write_rejects(cur, rejects)
         return results
 
-    def _write_row_by_row(self, cur: Any, upserter: TableUpserter, rows: list[Row]) -> BatchResult:
+    def _write_row_by_row(self, cur: Any, upserter: TableUpserter, rows: list[Row],
+                          context: history.Context | None = None) -> BatchResult:
         result = BatchResult()
         for row in rows:
             cur.execute("SAVEPOINT one_row")
             try:
-                one = upserter.write(cur, [row], again=True)
+                one = upserter.write(cur, [row], again=True, context=context)
                 cur.execute("RELEASE SAVEPOINT one_row")
                 result.inserted |= one.inserted
                 result.updated |= one.updated
@@ -346,6 +349,15 @@ class PostgresWriter:
         except psycopg2.Error:
             pass
         self._conn = None
+
+
+# Key column types whose values Postgres' jsonb and Python's json write alike (a history
+# entry's key is compared as JSON, whichever of the two wrote it).
+_JSON_STABLE = ("text", "varchar", "character varying", "integer", "bigint", "smallint", "int", "int4", "int8")
+
+
+def _json_stable(sql_type: str) -> bool:
+    return sql_type.strip().lower().split("(")[0].strip() in _JSON_STABLE
 
 
 def _last_per_key(rows: Any) -> list[Row]:
