@@ -216,19 +216,21 @@ class TableUpserter:
         statements are sent as text from there on (see :meth:`_run`)."""
         self._sql = {name: getattr(self, name).as_string(cur)
                      for name in ("create_stage", "clear_stage", "copy", "lock_old", "merge")}
-        parts = self._merge_history_parts
-        # As text, the context goes in as query parameters; prepared, as the statement's.
-        self._sql["merge_history"] = self.merge_history.format(
-            **parts, reason=sql.Placeholder(), spider=sql.Placeholder(), run_id=sql.Placeholder()).as_string(cur)
-        prepared_history = self.merge_history.format(
-            **parts, reason=sql.SQL("$1"), spider=sql.SQL("$2"), run_id=sql.SQL("$3")).as_string(cur)
+        prepared_history = ""
+        if self.sql_history:
+            parts = self._merge_history_parts
+            # As text, the context goes in as query parameters; prepared, as the statement's.
+            self._sql["merge_history"] = self.merge_history.format(
+                **parts, reason=sql.Placeholder(), spider=sql.Placeholder(), run_id=sql.Placeholder()).as_string(cur)
+            prepared_history = self.merge_history.format(
+                **parts, reason=sql.SQL("$1"), spider=sql.SQL("$2"), run_id=sql.SQL("$3")).as_string(cur)
         self._create_stage(cur, before)
         # Named per upserter: two upserters of one table may share a connection.
         self._names = {name: f"{self.stage}_{name}_{next(_PREPARED)}" for name in ("lock_old", "merge", "merge_history")}
         if self._use_prepared:
             for name in ("lock_old", "merge") if self.track else ("merge",):
                 cur.execute(f"PREPARE {self._names[name]} AS {self._sql[name]}")
-            if self.sql_history:
+            if prepared_history:
                 cur.execute(f"PREPARE {self._names['merge_history']} (text, text, bigint) AS {prepared_history}")
         self._prepared_on = cur.connection
 
