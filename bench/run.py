@@ -69,7 +69,7 @@ from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
 from scraper.queue import keys  # noqa: E402
-from scraper.storage.upsert import Row, TableUpserter, copy_line  # noqa: E402
+from scraper.storage.upsert import Row, TableUpserter  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
 
@@ -332,6 +332,17 @@ def recreate_database(url: str) -> str:
         cur.execute(f"CREATE DATABASE {BENCH_DB}")
     admin.close()
     return with_database(url, BENCH_DB)
+
+
+# COPY's text format: \N is NULL; backslash, tab, newline and CR are escaped; NUL cannot be
+# stored in Postgres text at all and is dropped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\x00": ""})
+
+
+def copy_line(values: list[Any]) -> str:
+    return "\t".join(
+        ["\\N" if v is None else (v if type(v) is str else str(v)).translate(_COPY_ESCAPES) for v in values]
+    )
 
 
 def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:

@@ -3,7 +3,6 @@ nothing for unchanged rows, and unchanged rows still (nearly) free in WAL."""
 
 from __future__ import annotations
 
-import io
 import json
 from decimal import Decimal
 
@@ -61,8 +60,8 @@ def test_insert_and_change_recorded_unchanged_not(conn) -> None:
     ]
 
 
-def _wal_bytes(cur, statement) -> int:
-    cur.execute(psycopg2.sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + statement)
+def _wal_bytes(cur, up, name, rows) -> int:
+    cur.execute("EXPLAIN (ANALYZE, WAL, FORMAT JSON) " + up.statement(cur, name), (up.rows_json(rows),))
     plan = cur.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
     return int(plan[0]["Plan"].get("WAL Bytes", 0))
@@ -76,15 +75,12 @@ def test_unchanged_rows_cost_at_most_two_bytes_of_wal_each(conn) -> None:
     # The statements of one batch, each measured by EXPLAIN's WAL counter: this backend's
     # own WAL only, whatever else the server is doing.
     with conn, conn.cursor() as cur:
-        cur.execute(up.create_stage)
-        cur.copy_expert(up.copy, io.StringIO(up._copy_data(rows)))
-        wal = _wal_bytes(cur, up.lock_old) + _wal_bytes(cur, up.merge)
+        wal = _wal_bytes(cur, up, "lock_old", rows) + _wal_bytes(cur, up, "merge", rows)
         print(f"WAL per unchanged row: {wal / n:.2f} bytes")
         assert wal / n <= 2, f"{wal / n:.1f} bytes of WAL per unchanged row"
         # And the same measure sees a change: one changed row writes WAL.
-        cur.execute(up.clear_stage)
-        cur.copy_expert(up.copy, io.StringIO(up._copy_data([row("w00000", "renamed", "3.00")])))
-        assert _wal_bytes(cur, up.lock_old) + _wal_bytes(cur, up.merge) > 0
+        changed = [row("w00000", "renamed", "3.00")]
+        assert _wal_bytes(cur, up, "lock_old", changed) + _wal_bytes(cur, up, "merge", changed) > 0
     assert len(entries(conn)) == n
 
 

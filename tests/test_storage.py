@@ -47,7 +47,7 @@ def write(conn, rows, resolution=3600.0):
         return upserter.write(cur, rows)
 
 
-def test_awkward_text_survives_copy_exactly(conn) -> None:
+def test_awkward_text_survives_exactly(conn) -> None:
     nasty = 'tab\there, newline\nthere, cr\r, back\\slash \\N "quotes" ´é€😀 and a NUL\x00!'
     write(conn, [row("a", nasty), Row(key=("s", "b"), values={"shop": "s", "code": "b", "name": None,
                                                              "price": None, "seen": datetime(2026, 1, 2, tzinfo=timezone.utc)})])
@@ -57,6 +57,26 @@ def test_awkward_text_survives_copy_exactly(conn) -> None:
             ("a", nasty.replace("\x00", ""), Decimal("1.00"), None),
             ("b", None, None, datetime(2026, 1, 2, tzinfo=timezone.utc)),
         ]
+
+
+def test_values_plain_json_cannot_carry_are_stored_as_they_read(conn) -> None:
+    """A batch travels as JSON, which has no NaN and whose NUL escape Postgres' text refuses:
+    such rows take another path, and a word like "NaN" inside a string changes nothing."""
+    rows = [
+        row("a", "NaN and Infinity, in words"),
+        Row(key=("s", "b"), values={"shop": "s", "code": "b", "name": "b\x00", "price": float("nan"), "seen": None}),
+        Row(key=("s", "c"), values={"shop": "s", "code": "c", "name": 7, "price": 2.5, "seen": None}),
+    ]
+    result = write(conn, rows)
+    assert result.inserted == {("s", "a"), ("s", "b"), ("s", "c")}
+    with conn.cursor() as cur:
+        cur.execute("SELECT code, name, price::text, content_hash FROM gadgets ORDER BY code")
+        got = cur.fetchall()
+    assert [g[:3] for g in got] == [("a", "NaN and Infinity, in words", "1.00"), ("b", "b", "NaN"), ("c", "7", "2.50")]
+    # Written again unchanged, nothing is rewritten: the stored hash is each row's own.
+    assert [g[3] for g in got] == [r.content_hash for r in rows]
+    again = write(conn, [Row(r.key, dict(r.values)) for r in rows])
+    assert not again.inserted and not again.updated
 
 
 def test_outcomes_inserted_updated_unchanged(conn) -> None:

@@ -55,6 +55,15 @@ class Pending:
     deferred: defer.Deferred
 
 
+class _Refused(Exception):
+    """The database refused a row of *table*'s batch: the transaction is written again, that
+    table's rows one by one."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(table)
+        self.table = table
+
+
 class WriteFailed(Exception):
     """The database refused a row, or stayed unreachable past the retry budget."""
 
@@ -294,6 +303,18 @@ class PostgresWriter:
             time.sleep(min(5.0, 0.05 * 2**attempt) * (0.5 + random.random()))
 
     def _write_once(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
+        # A batch is written without a savepoint (a subtransaction and a round trip more for
+        # every batch, to serve the rare refused row): when the database refuses a row, the
+        # whole transaction is rolled back and written again, that table's rows one by one.
+        one_by_one: set[str] = set()
+        while True:
+            try:
+                return self._write_transaction(batches, rejects, one_by_one)
+            except _Refused as refused:
+                one_by_one.add(refused.table)
+
+    def _write_transaction(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]],
+                           one_by_one: set[str]) -> dict[str, BatchResult]:
         results: dict[str, BatchResult] = {}
         context = self.history_context() if self.history_context is not None else None
         with self._conn:  # one transaction for the whole flush
@@ -301,20 +322,16 @@ class PostgresWriter:
                 for table in sorted(batches):
                     rows = _last_per_key(p.row for p in batches[table])
                     upserter = self._upserters[table]
-                    # The savepoint and its release travel with the statements next to them:
-                    # each round trip is a wait for the interpreter lock on a busy crawl.
-                    release = "RELEASE SAVEPOINT batch"
-                    try:
-                        results[table] = upserter.write(cur, rows, before="SAVEPOINT batch", context=context)
-                    except _ROW_REFUSED:
-                        cur.execute("ROLLBACK TO SAVEPOINT batch")
+                    if table in one_by_one:
                         results[table] = self._write_row_by_row(cur, upserter, rows, context)
-                        release = ""
+                    else:
+                        try:
+                            results[table] = upserter.write(cur, rows, context=context)
+                        except _ROW_REFUSED as exc:
+                            raise _Refused(table) from exc
                     if context is not None and results[table].changes:
                         # Same transaction as the rows: a change is committed with its history or not at all.
-                        history.record(cur, table, results[table].changes, context, before=release)
-                    elif release:
-                        cur.execute(release)
+                        history.record(cur, table, results[table].changes, context)
                 if rejects:
                     _write_rejects(cur, rejects)
         return results
@@ -323,9 +340,8 @@ class PostgresWriter:
                           context: history.Context | None = None) -> BatchResult:
         result = BatchResult()
         for row in rows:
-            cur.execute("SAVEPOINT one_row")
             try:
-                one = upserter.write(cur, [row], again=True, context=context)
+                one = upserter.write(cur, [row], before="SAVEPOINT one_row", context=context)
                 cur.execute("RELEASE SAVEPOINT one_row")
                 result.inserted |= one.inserted
                 result.updated |= one.updated
