@@ -364,7 +364,7 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
         cur.execute(f"CREATE TABLE bench_reference ({cols_sql}, PRIMARY KEY (source, sku))")
         cur.execute(f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
                     " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
-                    " updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (source, sku))")
+                    " updated_at timestamptz NOT NULL DEFAULT now(), gone_at timestamptz, PRIMARY KEY (source, sku))")
     names = ", ".join(columns)
 
     def text() -> io.StringIO:
