@@ -140,6 +140,22 @@ def test_two_nodes_queue_a_link_once(connect, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["set", "bloom"])
+def test_a_big_flush_queues_exactly_the_links_no_node_had(connect, backend: str) -> None:
+    """A page's links go in one flush (for the set, one script call for all of them): each is
+    answered on its own, whichever other node claimed which."""
+    a, b = Node(connect(), settings_for(backend)), Node(connect(), settings_for(backend))
+    assert b.offer(*[f"http://shop.test/{i}" for i in range(0, 300, 2)]) == (150, 0)
+    for i in range(300):
+        request = scrapy.Request(f"http://shop.test/{i}")
+        a.queue.stage(request, a.df, a.df.seen_locally(request)[1])
+    a.queue.stage(scrapy.Request("http://shop.test/again", dont_filter=True))
+    assert a.queue.flush_staged() == (151, 150)
+    queued = [json.loads(m)["url"] for m in a.queue.server.zrange(a.queue.key, 0, -1)]
+    assert sorted(queued) == sorted([f"http://shop.test/{i}" for i in range(300)] + ["http://shop.test/again"])
+    assert b.offer("http://shop.test/1", "http://shop.test/301") == (1, 1)
+
+
+@pytest.mark.parametrize("backend", ["set", "bloom"])
 def test_racing_nodes_claim_each_fingerprint_exactly_once(connect, backend: str) -> None:
     import threading
 

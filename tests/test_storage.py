@@ -10,7 +10,7 @@ import pytest
 from scrapy import Field
 
 from scraper.items.base import StoredItem
-from scraper.storage import schema
+from scraper.storage import history, schema
 from scraper.storage.upsert import Row, TableUpserter
 from scraper.storage.writer import Pending, PostgresWriter
 
@@ -109,8 +109,8 @@ def test_last_seen_refresh_is_bounded_by_its_resolution(conn) -> None:
 
 
 def test_prepared_statements_outlive_a_rolled_back_batch_and_follow_a_new_connection(conn, clean) -> None:
-    # The merge and the lock are prepared once per connection; the staging table they read is
-    # made in the first batch's transaction, so a rollback takes it away again.
+    # The merge and the lock are prepared once per connection, in the first batch's
+    # transaction: a rollback of that transaction does not take them away.
     upserter = TableUpserter("gadgets", COLUMNS, ("shop", "code"), 3600.0, track=True)
     with conn.cursor() as cur:
         upserter.write(cur, [row("a", "A")])
@@ -169,6 +169,56 @@ def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     outcome = results["gadgets"]
     assert outcome.inserted == {("s", "ok1"), ("s", "ok2")}
     assert list(outcome.failed) == [("s", "huge")] and "numeric field overflow" in outcome.failed[("s", "huge")]
+    writer._conn.close()
+
+
+class Document(StoredItem):
+    table = "documents_of_a_shop_with_a_rather_long_table_name_x"  # 51 characters
+    key = ("code",)
+    code = Field(sql="text")
+    body = Field(sql="jsonb")
+    raw = Field(sql="json")
+
+
+def test_json_columns_take_json_text_as_copy_did_and_long_names_with_history(clean) -> None:
+    """A string for a json column is JSON text (as when batches were loaded with COPY): parsed,
+    or refused with the database's reason; a dict is stored as it is. The table's name is
+    past what Postgres' 63-byte statement names could hold once prefixed."""
+    writer = PostgresWriter(clean.database_url, history_context=lambda: history.Context("shop", 1))
+    writer._conn = writer._connect()
+    schema.migrate(writer._conn, [Document])
+    writer._register(Document)
+
+    def doc(code, body, raw):
+        return Pending(Row(key=(code,), values={"code": code, "body": body, "raw": raw}), None)
+
+    results = writer._write({Document.table: [doc("a", '{"n": 1}', '[1, 2]'), doc("b", {"n": [2, None]}, {"k": "v"}),
+                                              doc("c", "not json", None), doc("d", None, '"text"')]}, [])
+    outcome = results[Document.table]
+    assert outcome.inserted == {("a",), ("b",), ("d",)}
+    assert list(outcome.failed) == [("c",)] and "invalid input syntax for type json" in outcome.failed[("c",)]
+    with writer._conn.cursor() as cur:
+        cur.execute(f"SELECT code, body, raw::text FROM {Document.table} ORDER BY code")
+        assert cur.fetchall() == [("a", {"n": 1}, "[1, 2]"), ("b", {"n": [2, None]}, '{"k": "v"}'), ("d", None, '"text"')]
+        cur.execute("SELECT key, changes FROM item_changes WHERE item_table = %s ORDER BY key::text", (Document.table,))
+        assert [r[0] for r in cur.fetchall()] == [["a"], ["b"], ["d"]]
+    writer._conn.close()
+
+
+def test_a_table_that_lost_a_column_fails_its_rows_not_the_flush(clean) -> None:
+    writer = PostgresWriter(clean.database_url)
+    writer._conn = writer._connect()
+    schema.migrate(writer._conn, [Gadget, Document])
+    writer._register(Gadget)
+    writer._register(Document)
+    with writer._conn, writer._conn.cursor() as cur:
+        cur.execute("ALTER TABLE gadgets DROP COLUMN seen")
+    results = writer._write({"gadgets": [Pending(row("a", "A"), None), Pending(row("b", "B"), None)],
+                             Document.table: [Pending(Row(key=("x",), values={"code": "x", "body": None, "raw": None}), None)]},
+                            [])
+    assert sorted(results["gadgets"].failed) == [("s", "a"), ("s", "b")]
+    assert all("seen" in reason for reason in results["gadgets"].failed.values())
+    assert results[Document.table].inserted == {("x",)}
     writer._conn.close()
 
 

@@ -124,17 +124,23 @@ class PriorityQueue(_RedisPriorityQueue):
 
     def _send_staged(self, staged: list[tuple[Any, str, float, bytes, int]]) -> tuple[int, int]:
         pipe = self.server.pipeline(transaction=False)
+        # The requests of one seen-state and shard go as one command where the store offers
+        # it; otherwise one command per request. Either way each request has one result.
+        many: dict[tuple[int, int], tuple[Any, int, list[tuple[str, float, bytes]]]] = {}
         for dupefilter, fingerprint, score, data, shard in staged:
-            # Exactly one command per request, so that results line up with requests.
             if dupefilter is None:
                 pipe.execute_command("ZADD", self.keys[shard], score, data)
+            elif getattr(dupefilter, "can_push_many", lambda shard: False)(shard):
+                many.setdefault((id(dupefilter), shard), (dupefilter, shard, []))[2].append((fingerprint, score, data))
             else:
                 dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data, shard)
+        for dupefilter, shard, entries in many.values():
+            dupefilter.push_many_if_new(pipe, entries, self.keys[shard], shard)
         results = pipe.execute()
         if self.barrier is not None:
             self.barrier.written({shard for *_, shard in staged})
-        queued = sum(1 for r in results if r)
-        return queued, len(results) - queued
+        queued = sum(sum(map(int, r)) if isinstance(r, list) else (1 if r else 0) for r in results)
+        return queued, len(staged) - queued
 
     def oldest_age(self, now: float | None = None) -> float:
         """Seconds since the oldest queued request was queued (0 when empty).

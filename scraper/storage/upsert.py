@@ -36,7 +36,8 @@ class Row:
     key: tuple[Any, ...]
     values: dict[str, Any]
     content_hash: str = ""
-    # The values as the JSON object their content hash was computed from (see row_json).
+    # The values as the JSON object their content hash was computed from (see row_json). Both
+    # are read when the row is built: a row whose values change must be built anew.
     canonical: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -71,18 +72,19 @@ def content_hash(values: dict[str, Any]) -> str:
     return hashlib.sha1(canonical_json(values).encode("utf-8")).hexdigest()
 
 
-def _storable(value: Any) -> Any:
+def _storable(value: Any, top: bool = True) -> Any:
     """A value as Postgres can read it from JSON: NUL dropped (no text type holds it), NaN and
-    the infinities as the strings numeric and float columns read (JSON has no such number)."""
+    the infinities as the strings numeric and float columns read (JSON has no such number).
+    Anything else as :func:`canonical_json` writes it (dates, Decimals at the top level only)."""
     if isinstance(value, str):
         return value.replace("\x00", "")
     if isinstance(value, float) and value - value != 0.0:
         return str(value).replace("inf", "Infinity").replace("nan", "NaN")
     if isinstance(value, dict):
-        return {str(k).replace("\x00", ""): _storable(v) for k, v in value.items()}
+        return {str(k).replace("\x00", ""): _storable(v, False) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_storable(v) for v in value]
-    return _jsonable(value)
+        return [_storable(v, False) for v in value]
+    return _jsonable(value) if top else value
 
 
 def row_json(row: Row, extra: str) -> str:
@@ -94,6 +96,15 @@ def row_json(row: Row, extra: str) -> str:
     if not text or "\\u0000" in text or "NaN" in text or "Infinity" in text:
         text = json.dumps({k: _storable(v) for k, v in row.values.items()}, default=str, ensure_ascii=False)
     return f"{text[:-1]}, {extra}}}" if len(text) > 2 else f"{{{extra}}}"
+
+
+def _column_value(column: str, json_type: str | None) -> sql.Composable:
+    """The staged value of *column* as the merge inserts it. A string given for a json or jsonb
+    column is JSON text, as it was when batches were loaded with COPY, not a JSON string."""
+    if json_type not in ("json", "jsonb"):
+        return sql.SQL("s.{}").format(sql.Identifier(column))
+    return sql.SQL("CASE WHEN {kind}(s.{c}) = 'string' THEN (s.{c} #>> '{{}}')::{t} ELSE s.{c} END").format(
+        kind=sql.SQL(f"{json_type}_typeof"), c=sql.Identifier(column), t=sql.SQL(json_type))
 
 
 # Numbers the prepared statements of this process (see TableUpserter._prepare).
@@ -117,6 +128,7 @@ class TableUpserter:
         spider: str | None = None,
         track: bool = False,
         sql_history: bool = False,
+        json_columns: dict[str, str] | None = None,
     ) -> None:
         self.table = table
         self.columns = columns
@@ -126,7 +138,6 @@ class TableUpserter:
         # Inserts' history entries written by the merge itself (see write()); only for keys
         # whose JSON is the same built by Postgres or by Python (text and integers).
         self.sql_history = track and sql_history
-        self.label = f"_upsert_{table}"
         # Set by _prepare: the statements as text, their prepared names, and the connection.
         self._sql: dict[str, str] = {}
         self._names: dict[str, str] = {}
@@ -183,7 +194,7 @@ class TableUpserter:
             """
         ).format(
             table=ident(table), rows=self.rows, cols=cols_sql, key=key_sql,
-            s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(ident(c)) for c in all_cols),
+            s_cols=sql.SQL(", ").join(_column_value(c, (json_columns or {}).get(c)) for c in all_cols),
             s_key=s_key, key_match=key_match, fresh=fresh, updates=updates,
         )
         self.merge = sql.SQL("{core} RETURNING {key}, (xmax = 0) AS inserted, (updated_at = now()) AS changed{new}").format(
@@ -221,7 +232,7 @@ class TableUpserter:
     def rows_json(self, rows: list[Row]) -> str:
         """The batch as the JSON array the statements take ({rows})."""
         extra = self._extra
-        return "[" + ", ".join(row_json(row, f'{extra}"content_hash": "{row.content_hash}"') for row in rows) + "]"
+        return "[" + ", ".join(row_json(row, f'{extra}"content_hash": {json.dumps(row.content_hash)}') for row in rows) + "]"
 
     # The parameters of each statement, in the order they appear in its text.
     _PARAMS = {"lock_old": ("rows",), "merge": ("rows",), "merge_history": ("rows", "reason", "spider", "run_id")}
@@ -248,7 +259,8 @@ class TableUpserter:
         names = ["merge", *(["lock_old"] if self.track else []), *(["merge_history"] if self.sql_history else [])]
         self._sql = {name: self.statement(cur, name) for name in names}
         # Named per upserter: two upserters of one table may share a connection.
-        self._names = {name: f"{self.label}_{name}_{next(_PREPARED)}" for name in names}
+        # Short: a name built from the table's could pass Postgres' 63 bytes and clash when cut.
+        self._names = {name: f"_upsert_{next(_PREPARED)}_{name}" for name in names}
         if self._use_prepared:
             cur.execute("; ".join(
                 f"PREPARE {self._names[name]} ({', '.join(self._TYPES[p] for p in self._PARAMS[name])}) "

@@ -192,6 +192,7 @@ class PostgresWriter:
             item_type.table, list(columns), item_type.key, self.last_seen_resolution,
             spider=spider, track=self.history_context is not None,
             sql_history=all(_json_stable(columns[k]) for k in item_type.key),
+            json_columns={c: _base_type(t) for c, t in columns.items() if _base_type(t) in ("json", "jsonb")},
         )
 
     # --- flushing -----------------------------------------------------------------------------
@@ -340,8 +341,11 @@ class PostgresWriter:
                           context: history.Context | None = None) -> BatchResult:
         result = BatchResult()
         for row in rows:
+            # Its own round trip: whatever fails next (preparing the statements included) is
+            # inside the savepoint.
+            cur.execute("SAVEPOINT one_row")
             try:
-                one = upserter.write(cur, [row], before="SAVEPOINT one_row", context=context)
+                one = upserter.write(cur, [row], context=context)
                 cur.execute("RELEASE SAVEPOINT one_row")
                 result.inserted |= one.inserted
                 result.updated |= one.updated
@@ -372,8 +376,12 @@ class PostgresWriter:
 _JSON_STABLE = ("text", "varchar", "character varying", "integer", "bigint", "smallint", "int", "int4", "int8")
 
 
+def _base_type(sql_type: str) -> str:
+    return sql_type.strip().lower().split("(")[0].strip()
+
+
 def _json_stable(sql_type: str) -> bool:
-    return sql_type.strip().lower().split("(")[0].strip() in _JSON_STABLE
+    return _base_type(sql_type) in _JSON_STABLE
 
 
 def _last_per_key(rows: Any) -> list[Row]:
