@@ -67,10 +67,11 @@ return 1
 """
 
 
-# The same for every request of a flush bound for one queue, in one script call: a call's own
-# cost in Redis (~12 µs) was more than its claim and its ZADD together, and the client packed
-# the script's text once per request. KEYS: current set, previous set, queue. ARGV: expire-at
-# (as above), then (fingerprint, score, request) per request. Returns 1 (queued) or 0 for each.
+# The same for every request of a flush bound for one queue, in one script call: the client
+# packed the script's text and its arguments once per request, 0.97-1.22 ms of the reactor
+# thread per 23-link flush against 0.43-0.61 ms as one call (Redis' own time is the same).
+# KEYS: current set, previous set, queue. ARGV: expire-at (as above), then (fingerprint,
+# score, request) per request. Returns 1 (queued) or 0 for each.
 _CLAIM_MANY = """
 local current, previous, queued, added = KEYS[1], KEYS[2], {}, false
 for i = 2, #ARGV, 3 do
