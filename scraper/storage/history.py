@@ -60,13 +60,11 @@ def diff(old: dict[str, Any], new: dict[str, Any], columns: Iterable[str]) -> di
     return {c: [old.get(c), new.get(c)] for c in columns if old.get(c) != new.get(c)}
 
 
-def record(cur: Any, table: str, changes: list[Change], context: Context, before: str = "") -> None:
-    """Insert *changes* (not empty) of *table* inside the caller's transaction; *before*, a
-    statement of the caller's (without ``%``), runs first in the same round trip."""
+def record(cur: Any, table: str, changes: list[Change], context: Context) -> None:
+    """Insert *changes* (not empty) of *table* inside the caller's transaction."""
     # One JSON document for the whole batch, unpacked by the server: formatting one VALUES
     # tuple per change in Python cost more than the rest of the batch's writing.
     cur.execute(
-        (f"{before}; " if before else "") +
         "INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id, changes) "
         "SELECT %s, r.key, r.kind, %s, %s, %s, r.changes "
         "FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS (key jsonb, kind text, changes jsonb)) "

@@ -68,10 +68,6 @@ def canonical_json(values: dict[str, Any]) -> str:
     return json.dumps({k: _jsonable(v) for k, v in sorted(values.items())}, default=str, ensure_ascii=False)
 
 
-def content_hash(values: dict[str, Any]) -> str:
-    return hashlib.sha1(canonical_json(values).encode("utf-8")).hexdigest()
-
-
 def _storable(value: Any, top: bool = True) -> Any:
     """A value as Postgres can read it from JSON: NUL dropped (no text type holds it), NaN and
     the infinities as the strings numeric and float columns read (JSON has no such number).
@@ -267,13 +263,12 @@ class TableUpserter:
                 f"AS {self.statement(cur, name, prepared=True)}" for name in names))
         self._prepared_on = cur.connection
 
-    def _run(self, cur: Any, name: str, params: tuple[Any, ...], before: str = "") -> None:
-        prefix = f"{before}; " if before else ""
+    def _run(self, cur: Any, name: str, params: tuple[Any, ...]) -> None:
         if not self._use_prepared:
-            cur.execute(prefix.replace("%", "%%") + self._sql[name], params)
+            cur.execute(self._sql[name], params)
             return
         try:
-            cur.execute(f"{prefix.replace('%', '%%')}EXECUTE {self._names[name]} ({', '.join(['%s'] * len(params))})", params)
+            cur.execute(f"EXECUTE {self._names[name]} ({', '.join(['%s'] * len(params))})", params)
         except psycopg2.errors.InvalidSqlStatementName:
             # The writer takes this for a lost connection: it reconnects and writes the batch
             # again, then without prepared statements.
@@ -283,15 +278,11 @@ class TableUpserter:
                            "for every batch from now on", self.table)
             raise
 
-    def write(self, cur: Any, rows: list[Row], again: bool = False, before: str = "",
-              context: Context | None = None) -> BatchResult:
+    def write(self, cur: Any, rows: list[Row], context: Context | None = None) -> BatchResult:
         """Upsert *rows* inside the caller's transaction. Keys must be unique within *rows*.
 
-        ``before``: a statement of the caller's to run first, in the same round trip (a
-        ``SAVEPOINT``). ``context`` (with ``sql_history``): the history entries of inserts are
-        written here, with it, and left out of ``BatchResult.changes``; the caller records the
-        rest. (``again`` is accepted for callers of earlier versions, which had to empty a
-        staging table between two writes of one transaction.)"""
+        ``context`` (with ``sql_history``): the history entries of inserts are written here,
+        with it, and left out of ``BatchResult.changes``; the caller records the rest."""
         result = BatchResult()
         rows = sorted(rows, key=lambda r: tuple("" if v is None else str(v) for v in r.key))
         if self._prepared_on is not cur.connection:
@@ -300,14 +291,13 @@ class TableUpserter:
         width = len(self.key)
         old: dict[tuple[Any, ...], dict[str, Any]] = {}
         if self.track:
-            self._run(cur, "lock_old", (payload,), before)
-            before = ""
+            self._run(cur, "lock_old", (payload,))
             old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
         in_sql = self.sql_history and context is not None
         if in_sql:
-            self._run(cur, "merge_history", (payload, context.reason, context.spider, context.run_id), before)
+            self._run(cur, "merge_history", (payload, context.reason, context.spider, context.run_id))
         else:
-            self._run(cur, "merge", (payload,), before)
+            self._run(cur, "merge", (payload,))
         for record in cur.fetchall():
             key = tuple(record[:width])
             inserted, changed = record[width], record[width + 1]
