@@ -230,6 +230,14 @@ class TableUpserter:
         extra = self._extra
         return "[" + ", ".join(row_json(row, f'{extra}"content_hash": {json.dumps(row.content_hash)}') for row in rows) + "]"
 
+    def keys_json(self, rows: list[Row]) -> str:
+        """The batch's keys and content hashes alone, as the JSON array lock_old takes ({rows}):
+        Postgres parses and converts every field it is sent, and lock_old reads no other."""
+        return json.dumps(
+            [{**{k: _storable(v) for k, v in zip(self.key, row.key)}, "content_hash": row.content_hash} for row in rows],
+            default=str, ensure_ascii=False,
+        )
+
     # The parameters of each statement, in the order they appear in its text.
     _PARAMS = {"lock_old": ("rows",), "merge": ("rows",), "merge_history": ("rows", "reason", "spider", "run_id")}
     _TYPES = {"rows": "json", "reason": "text", "spider": "text", "run_id": "bigint"}
@@ -291,7 +299,7 @@ class TableUpserter:
         width = len(self.key)
         old: dict[tuple[Any, ...], dict[str, Any]] = {}
         if self.track:
-            self._run(cur, "lock_old", (payload,))
+            self._run(cur, "lock_old", (self.keys_json(rows),))
             old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
         in_sql = self.sql_history and context is not None
         if in_sql:
