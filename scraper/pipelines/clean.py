@@ -74,6 +74,17 @@ def _safe_text(value: Any) -> Any:
     return value.replace("\x00", "") if isinstance(value, str) else value
 
 
+class _Plan:
+    """What cleaning an item type takes, read once from its fields: each field's name, cleaner,
+    whether its parts are joined, and its declaration; its price fields and the currency field
+    each fills."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = tuple((name, meta.get("clean"), bool(meta.get("join")), meta) for name, meta in fields.items())
+        self.prices = tuple((name, meta.get("currency_field", "currency"))
+                            for name, meta in fields.items() if meta.get("clean") == "price")
+
+
 class CleanPipeline:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
@@ -85,8 +96,7 @@ class CleanPipeline:
         self._languages: OrderedDict[str, str | None] = OrderedDict()
         # Per page language: the territory and date languages it implies (a crawl sees a few).
         self._contexts: dict[str | None, dict[str, Any]] = {}
-        # Per item type: its price fields and the currency field each fills.
-        self._prices: dict[type, tuple[tuple[str, str], ...]] = {}
+        self._plans: dict[type, _Plan] = {}
         on_response_received(crawler, self._remember_language)
 
     @classmethod
@@ -109,10 +119,11 @@ class CleanPipeline:
     def process_item(self, item: Any) -> Any:
         if not isinstance(item, StoredItem):
             return item
+        # The item's own dict: dict(item) reads it through one method call per field.
         try:
-            item._raw = _raw_copy(dict(item))
+            item._raw = _raw_copy(item._values)
         except Exception:  # an uncopyable value: keep what the item holds, as it is
-            item._raw = dict(item)
+            item._raw = dict(item._values)
         problems: list[str] = []
         if not _present(item.get("source")) and "source" in item.fields:
             item["source"] = self.crawler.spider.name
@@ -126,49 +137,47 @@ class CleanPipeline:
             }
             if len(self._contexts) < _LANGUAGE_MEMORY:
                 self._contexts[page_language] = context
-        prices = self._prices.get(type(item))
-        if prices is None:
-            prices = self._prices[type(item)] = tuple(
-                (name, meta.get("currency_field", "currency"))
-                for name, meta in item.fields.items() if meta.get("clean") == "price"
-            )
+        plan = self._plans.get(type(item))
+        if plan is None:
+            plan = self._plans[type(item)] = _Plan(item.fields)
         values = item._values
         # A price's currency field is cleaned with its price, which may name the currency.
-        with_price = {currency for name, currency in prices if name in values}
-        for name, meta in item.fields.items():
+        with_price = {currency for name, currency in plan.prices if name in values}
+        for name, kind, join, meta in plan.fields:
             if name not in values or name in with_price:
                 continue
             try:
-                problem = self._clean_field(item, name, meta, context)
+                problem = self._clean_field(item, values, name, kind, join, meta, context)
             except Exception as exc:  # a cleaner's bug must not lose the item: it is a reject
-                item[name] = None
+                values[name] = None
                 problem = f"{name}: cannot be cleaned ({type(exc).__name__}: {exc}): {_show(item._raw.get(name))}"
             if problem:
                 problems.append(problem)
         item._problems = problems
         return item
 
-    def _clean_field(self, item: StoredItem, name: str, meta: dict[str, Any], context: dict[str, Any]) -> str | None:
-        raw = item[name]
-        if isinstance(raw, (list, tuple)) and not meta.get("join"):
-            values = [v for v in raw if _present(v)]
-            if len(values) > 1:
-                item[name] = None
-                return f"{name}: {len(values)} values where one is expected: {_show(list(raw))}"
-            raw = values[0] if values else None
-            item[name] = raw
-        kind = meta.get("clean")
+    def _clean_field(self, item: StoredItem, values: dict[str, Any], name: str, kind: str | None, join: bool,
+                     meta: dict[str, Any], context: dict[str, Any]) -> str | None:
+        # *values* is the item's own dict: every name comes from its fields, so writing there is
+        # what ``item[name] = …`` does, without a method call per read and write.
+        raw = values[name]
+        if not join and isinstance(raw, (list, tuple)):
+            present = [v for v in raw if _present(v)]
+            if len(present) > 1:
+                values[name] = None
+                return f"{name}: {len(present)} values where one is expected: {_show(list(raw))}"
+            raw = values[name] = present[0] if present else None
         if kind is None:
-            item[name] = _safe_text(raw)
+            values[name] = _safe_text(raw)
             return None
         if kind == "text":
             if raw is not None and (isinstance(raw, bool) or not isinstance(raw, _TEXT_LIKE)):
-                item[name] = None
+                values[name] = None
                 return f"{name}: expected text, got {type(raw).__name__}: {_show(raw)}"
-            item[name] = _safe_text(clean_text(raw))
+            values[name] = _safe_text(clean_text(raw))
         elif kind == "url":
-            item[name] = canonical_url(raw)
-            if _present(raw) and item[name] is None:
+            url = values[name] = canonical_url(raw)
+            if url is None and _present(raw):
                 return f"{name}: not an http(s) URL: {_show(raw)}"
         elif kind == "date":
             return self._clean_date(item, name, meta, raw, context)
