@@ -45,6 +45,17 @@ class StoredItem(scrapy.Item):
             cls._columns = found
         return found
 
+    @classmethod
+    def price_fields(cls) -> dict[str, str]:
+        """Price field name -> the field its currency goes to (``currency_field``, default
+        ``currency``), for the fields cleaned as prices (one dict per type: do not change it)."""
+        found = cls.__dict__.get("_price_fields")
+        if found is None:
+            found = {name: meta.get("currency_field", "currency")
+                     for name, meta in cls.fields.items() if meta.get("clean") == "price"}
+            cls._price_fields = found
+        return found
+
     # Mapping's own ``in`` and ``get`` go through __getitem__ and a raised KeyError; every
     # pipeline reads each field of each item this way, so they read the values directly.
     def __contains__(self, key: object) -> bool:

@@ -79,10 +79,10 @@ class _Plan:
     whether its parts are joined, and its declaration; its price fields and the currency field
     each fills."""
 
-    def __init__(self, fields: dict[str, Any]) -> None:
-        self.fields = tuple((name, meta.get("clean"), bool(meta.get("join")), meta) for name, meta in fields.items())
-        self.prices = tuple((name, meta.get("currency_field", "currency"))
-                            for name, meta in fields.items() if meta.get("clean") == "price")
+    def __init__(self, item_type: type[StoredItem]) -> None:
+        self.fields = tuple((name, meta.get("clean"), bool(meta.get("join")), meta)
+                            for name, meta in item_type.fields.items())
+        self.prices = tuple(item_type.price_fields().items())
 
 
 class CleanPipeline:
@@ -139,7 +139,7 @@ class CleanPipeline:
                 self._contexts[page_language] = context
         plan = self._plans.get(type(item))
         if plan is None:
-            plan = self._plans[type(item)] = _Plan(item.fields)
+            plan = self._plans[type(item)] = _Plan(type(item))
         values = item._values
         # A price's currency field is cleaned with its price, which may name the currency.
         with_price = {currency for name, currency in plan.prices if name in values}

@@ -38,7 +38,7 @@ _Rule = tuple[str, bool, Any, Any, Any, Any]
 _rules: dict[type, tuple[tuple[_Rule, ...], dict[str, str]]] = {}
 
 
-def _rules_for(item_type: type) -> tuple[tuple[_Rule, ...], dict[str, str]]:
+def _rules_for(item_type: type[StoredItem]) -> tuple[tuple[_Rule, ...], dict[str, str]]:
     """The schema of *item_type* read once: (field, required, type, max_length, pattern,
     minimum) per field, and each price field's currency field."""
     found = _rules.get(item_type)
@@ -48,11 +48,7 @@ def _rules_for(item_type: type) -> tuple[tuple[_Rule, ...], dict[str, str]]:
              re.compile(meta["pattern"]) if meta.get("pattern") is not None else None, meta.get("minimum"))
             for name, meta in item_type.fields.items()
         )
-        currencies = {
-            name: meta.get("currency_field", "currency")
-            for name, meta in item_type.fields.items() if meta.get("clean") == "price"
-        }
-        found = _rules[item_type] = (rules, currencies)
+        found = _rules[item_type] = (rules, item_type.price_fields())
     return found
 
 
