@@ -79,17 +79,13 @@ def _encode_request(obj: dict[str, Any]) -> Any:
     for key, value in obj.items():
         if type(key) is not str or key in _TAGS:
             return _encode(obj)
-        if value is None or type(value) in _EXACT_SCALARS:
+        if value is None or isinstance(value, _SCALARS):
             out[key] = value
         elif key == "headers" and type(value) is dict:
             out[key] = _encode_headers(value)
         else:
             out[key] = _encode(value)
     return out
-
-
-# bool is a subclass of int, and str's subclasses may hold anything: exact types only here.
-_EXACT_SCALARS = frozenset((str, int, bool))
 
 
 def _encode_headers(headers: dict[Any, Any]) -> Any:
