@@ -139,3 +139,39 @@ def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:
     # A spider method called NO_CALLBACK's stored name does not exist: nothing else decodes to it.
     with pytest.raises(ValueError):
         request_from_dict({"url": "http://127.0.0.1/", "callback": "NO_CALLBACK"}, queue.spider)
+
+
+def test_a_request_taken_back_by_the_process_that_queued_it_is_the_object_itself(queue, monkeypatch) -> None:
+    """As Scrapy's memory queue does; still queued as JSON in Redis, and rebuilt from it by any
+    other process (another node, or this one after a restart)."""
+    from scraper.queue import queues
+    from scraper.queue.leases import Leases
+
+    spider = queue.spider
+    mine = scrapy.Request("http://127.0.0.1/mine", callback=spider.parse_item, meta={"pair": (1, 2)})
+    theirs = scrapy.Request("http://127.0.0.1/theirs", callback=spider.parse_item, meta={"pair": (1, 2)}, priority=-1)
+    queue.stage(mine)
+    queue.stage(theirs)
+    assert queue.flush_staged() == (2, 0)
+    for raw in queue.server.zrange(queue.key, 0, -1):
+        json.loads(raw)
+    queue.leases = Leases(queue.server, "queue_test", queue.key, "{queue_test}:dead", ttl=30, owner="A")
+    got = queue.pop()
+    assert got is mine and got.meta["_lease"] in queue.leases.mine
+
+    other = PriorityQueue(queue.server, spider, queue.key)  # another node's queue
+    rebuilt = other.pop()
+    assert rebuilt is not theirs and rebuilt.url == theirs.url and rebuilt.callback == spider.parse_item
+    assert rebuilt.meta == {"pair": [1, 2]}  # what JSON keeps of a tuple
+
+    # Bounded: what another process took, or the dupefilter refused, is dropped with the rest.
+    assert len(queue._own) == 1  # theirs, taken by the other node
+    monkeypatch.setattr(queues, "OWN_REQUESTS", 3)
+    staged = [scrapy.Request(f"http://127.0.0.1/{n}") for n in range(4)]
+    for request in staged:
+        queue.stage(request)
+    assert len(queue._own) == 2  # full at the third: cleared, theirs with it
+    queue.flush_staged()
+    popped = [queue.pop() for _ in range(4)]
+    assert [r.url for r in popped] == [r.url for r in staged]
+    assert [a is b for a, b in zip(popped, staged)] == [False, False, True, True] and not queue._own
