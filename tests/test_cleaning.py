@@ -276,6 +276,8 @@ URL_TABLE = [
     ("https://example.com/a/../b/./c", None, "https://example.com/b/c"),
     ("http://例え.jp/パス", None, "http://xn--r8jz45g.jp/%E3%83%91%E3%82%B9"),
     ("https://exa\nmple.com/p\t/1", None, "https://example.com/p/1"),
+    ("https://example.com/p\r\n/2", None, "https://example.com/p/2"),
+    (" https://example.com/p/\r3 ", None, "https://example.com/p/3"),
     # Relative references need the page URL.
     ("../boots?size=42&color=red", BASE, "https://shop.example.com/c/boots?color=red&size=42"),
     ("/p/123#top", BASE, "https://shop.example.com/p/123"),

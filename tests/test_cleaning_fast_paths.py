@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scraper.cleaning import price as price_module
 from scraper.cleaning import text as text_module
@@ -76,6 +78,14 @@ def test_text_cleaned_alike_with_and_without_the_fast_path() -> None:
         return text_module._WHITESPACE.sub(" ", text).strip() or None
 
     rng = random.Random(3)
-    alphabet = "ab \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u200b\ufeff<>&;é"
+    alphabet = ("ab \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u200b\ufeff<>&;é"
+                "\u1680\u180e\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u2060\u3000\u0301ё\U0001f600")
     cases = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
     assert [text_module.clean_text(c) for c in cases] == [full(c) for c in cases]
+
+    @given(st.text())
+    @settings(max_examples=3000, deadline=None)
+    def any_text(raw: str) -> None:
+        assert text_module.clean_text(raw) == full(raw)
+
+    any_text()

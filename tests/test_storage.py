@@ -252,3 +252,35 @@ def test_writer_retries_a_serialization_failure(clean, caplog) -> None:
         assert cur.fetchone() == ("v2",)
     other.close()
     writer._conn.close()
+
+
+def test_canonical_json_is_the_text_stored_hashes_were_computed_from() -> None:
+    """Content hashes in existing tables were computed from this exact text: a change would make
+    every stored row look changed on its next sighting."""
+    import json
+    from datetime import date
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from scraper.storage.upsert import _jsonable, canonical_json
+
+    def before(values):
+        return json.dumps({k: _jsonable(v) for k, v in sorted(values.items())}, default=str, ensure_ascii=False)
+
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.decimals(),
+        st.datetimes(timezones=st.none() | st.just(timezone.utc)), st.dates(),
+        st.builds(lambda n: type("Odd", (), {"__str__": lambda self: f"odd{n}"})(), st.integers()),
+    )
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                          max_leaves=8)
+
+    @given(st.dictionaries(st.text(), values, max_size=12))
+    @settings(max_examples=500, deadline=None)
+    def same(row):
+        assert canonical_json(row) == before(row)
+        assert canonical_json(row) == before(row)  # its sorted order now remembered
+
+    same()
+    assert canonical_json({"b": date(2026, 1, 2), "a": Decimal("1.50")}) == '{"a": "1.50", "b": "2026-01-02"}'

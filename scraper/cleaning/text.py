@@ -56,8 +56,11 @@ def clean_text(raw: object) -> str | None:
         text = replace_entities(text)
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)
-    text = _WHITESPACE.sub(" ", text).strip()
-    return text or None
+        if "\u200b" in text or "\u2060" in text or "\ufeff" in text:
+            return _WHITESPACE.sub(" ", text).strip() or None
+    # \s, str.split() and str.strip() all take Python's whitespace (str.isspace): the same
+    # result without the regex (~5 µs on a description), whatever the script.
+    return " ".join(text.split()) or None
 
 
 def _join(items: Iterable[object]) -> str | None:

@@ -33,7 +33,9 @@ def canonical_url(raw: object, base: str | None = None) -> str | None:
     """
     if not isinstance(raw, str):
         return None
-    url = _INNER_WS.sub("", raw.strip())
+    url = raw.strip()
+    if "\t" in url or "\n" in url or "\r" in url:
+        url = _INNER_WS.sub("", url)
     if not url:
         return None
     if base:

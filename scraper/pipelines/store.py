@@ -33,8 +33,8 @@ class StorePipeline:
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, StoredItem):
             return item
-        columns = item.columns()
-        row = Row(key=tuple(item.get(k) for k in item.key), values={c: item.get(c) for c in columns})
+        values = item._values
+        row = Row(key=tuple([values.get(k) for k in item.key]), values={c: values.get(c) for c in item.columns()})
         stats = self.crawler.stats
         try:
             outcome = await maybe_deferred_to_future(self.writer.add(type(item), row))

@@ -37,9 +37,15 @@ class CoverageCounter:
             entry = self._types[kind] = (kind.__name__, fields, [0] * (len(fields) + 1))
         _name, fields, counts = entry
         counts[0] += 1
-        get = item.get
+        # A scrapy Item's own dict (what StoredItem.get reads) rather than a method call per field.
+        values = getattr(item, "_values", None)
+        get = values.get if type(values) is dict else item.get
         for i, field in enumerate(fields, 1):
-            if filled(get(field)):
+            value = get(field)
+            if type(value) is str:
+                if value.strip():
+                    counts[i] += 1
+            elif filled(value):
                 counts[i] += 1
 
     @property

@@ -64,8 +64,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# Stored content hashes are computed from this text: it must not change, byte for byte. What
+# json.dumps(..., default=str, ensure_ascii=False) writes, without building an encoder per row;
+# a row's columns are those of its table, so their sorted order is looked up, not sorted again.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+_AS_IS = frozenset({str, int, float, bool, type(None)})
+_SORTED: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
 def canonical_json(values: dict[str, Any]) -> str:
-    return json.dumps({k: _jsonable(v) for k, v in sorted(values.items())}, default=str, ensure_ascii=False)
+    names = tuple(values)
+    order = _SORTED.get(names)
+    if order is None:
+        order = tuple(sorted(names))
+        if len(_SORTED) < 1024:
+            _SORTED[names] = order
+    out = {}
+    for name in order:
+        value = values[name]
+        out[name] = value if type(value) in _AS_IS else _jsonable(value)
+    return _ENCODER.encode(out)
 
 
 def _storable(value: Any, top: bool = True) -> Any:
