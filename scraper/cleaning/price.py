@@ -110,13 +110,12 @@ def read_price(
     text = raw.strip()
     if not text:
         return PriceReading()
-    unmarked = _hinted(currency_hint, default_currency, territory)
     if _PLAIN_NUMBER.match(text) and (
         decimal_separator == "." or (decimal_separator is None and not _THOUSANDS_ONLY.match(text))
     ):
-        return _finish(Decimal(text), unmarked)
+        return _finish(Decimal(text), _hinted(currency_hint, default_currency, territory))
     if _FREE.match(text):
-        return _finish(Decimal(0), unmarked)
+        return _finish(Decimal(0), _hinted(currency_hint, default_currency, territory))
     # Text without digits ("call for price", "N/A", "free shipping") is not a
     # price; price-parser would turn any "free" substring into 0.
     if not any(ch.isdigit() for ch in text):
@@ -143,7 +142,7 @@ def read_price(
             parsed, currency = marked
     if currency is None and _DATE_LIKE.match(text):
         return PriceReading()
-    currency = currency or unmarked
+    currency = currency or _hinted(currency_hint, default_currency, territory)
     amount = parsed.amount
     if decimal_separator is None and minor_units(currency.code) == 3:
         # price-parser reads a last group of three digits as thousands; with a currency of
@@ -192,7 +191,14 @@ def _finish(amount: Decimal | None, currency: CurrencyReading) -> PriceReading:
     if currency.problem:
         return PriceReading(amount, None, currency.problem)
     places = minor_units(currency.code)
-    return PriceReading(amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP), currency.code)
+    quantum = _QUANTA.get(places)
+    if quantum is None:
+        quantum = Decimal(1).scaleb(-places)
+    return PriceReading(amount.quantize(quantum, rounding=ROUND_HALF_UP), currency.code)
+
+
+# The step each minor unit rounds to (ISO 4217 has 0 to 4).
+_QUANTA = {places: Decimal(1).scaleb(-places) for places in range(5)}
 
 
 def _amount_span(text: str, amount_text: str | None) -> tuple[int, int]:

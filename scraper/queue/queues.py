@@ -75,7 +75,7 @@ class PriorityQueue(_RedisPriorityQueue):
         self._prefetched: list[tuple[str | None, float, bytes, int]] = []
         # Requests this process staged, by their JSON: popped back here, the object itself is
         # handed to the engine, as Scrapy's memory queue does, rather than rebuilt from its JSON
-        # (~140k instructions per request; on one node crawling alone that is every request,
+        # (~114k instructions per request; on one node crawling alone that is every request,
         # in a fleet of N about 1 in N). Cleared when full, so what one node staged and another
         # took, or the dupefilter refused, is held no longer than that.
         self._own: dict[bytes, Request] = {}
