@@ -185,20 +185,18 @@ def _to_decimal(value: int | float | Decimal) -> Decimal | None:
     return dec if dec.is_finite() else None
 
 
+# The step each minor unit rounds to (ISO 4217 has 0 to 4).
+_QUANTA = {places: Decimal(1).scaleb(-places) for places in range(5)}
+
+
 def _finish(amount: Decimal | None, currency: CurrencyReading) -> PriceReading:
     if amount is None or amount < 0 or amount > _MAX_AMOUNT:
         return PriceReading()
     if currency.problem:
         return PriceReading(amount, None, currency.problem)
     places = minor_units(currency.code)
-    quantum = _QUANTA.get(places)
-    if quantum is None:
-        quantum = Decimal(1).scaleb(-places)
+    quantum = _QUANTA.get(places) or Decimal(1).scaleb(-places)
     return PriceReading(amount.quantize(quantum, rounding=ROUND_HALF_UP), currency.code)
-
-
-# The step each minor unit rounds to (ISO 4217 has 0 to 4).
-_QUANTA = {places: Decimal(1).scaleb(-places) for places in range(5)}
 
 
 def _amount_span(text: str, amount_text: str | None) -> tuple[int, int]:

@@ -16,6 +16,8 @@ PREFIX = "coverage/"
 
 
 def filled(value: Any) -> bool:
+    if type(value) is str:  # nearly every field: before the general checks
+        return bool(value.strip())
     if value is None:
         return False
     if isinstance(value, (str, bytes, list, tuple, dict, set)):
@@ -41,11 +43,7 @@ class CoverageCounter:
         values = getattr(item, "_values", None)
         get = values.get if type(values) is dict else item.get
         for i, field in enumerate(fields, 1):
-            value = get(field)
-            if type(value) is str:
-                if value.strip():
-                    counts[i] += 1
-            elif filled(value):
+            if filled(get(field)):
                 counts[i] += 1
 
     @property
