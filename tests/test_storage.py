@@ -284,3 +284,9 @@ def test_canonical_json_is_the_text_stored_hashes_were_computed_from() -> None:
 
     same()
     assert canonical_json({"b": date(2026, 1, 2), "a": Decimal("1.50")}) == '{"a": "1.50", "b": "2026-01-02"}'
+    looped: list = []
+    looped.append(looped)
+    for _ in range(2):  # the check holds on a next call too: nothing is left marked by the failed one
+        with pytest.raises(ValueError, match="Circular reference"):
+            canonical_json({"a": looped})
+    assert canonical_json({"a": [1.5, float("nan")], "b": {"c": None}}) == '{"a": [1.5, NaN], "b": {"c": null}}'
