@@ -129,3 +129,33 @@ def test_the_switch_interval_is_set_and_restored_in_process() -> None:
     finally:
         extension.spider_closed()
     assert sys.getswitchinterval() == before
+
+
+def test_start_up_pass_walks_the_young_generations_only() -> None:
+    # A full pass at engine start walked every start-up object (~55 ms of CPU per crawl) to free
+    # a handful; the young generations hold what start-up just dropped.
+    import gc
+
+    from scrapy.utils.test import get_crawler
+
+    from scraper.extensions.gc_freeze import GcFreeze
+
+    crawler = get_crawler(settings_dict={"GC_YOUNG_THRESHOLD": 0})
+    extension = GcFreeze.from_crawler(crawler)
+    passes: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    dropped: list = []
+    dropped.append(dropped)  # cyclic garbage, as start-up leaves
+    del dropped
+    gc.callbacks.append(watch)
+    try:
+        extension.engine_started()
+    finally:
+        gc.callbacks.remove(watch)
+        gc.unfreeze()
+    assert passes and max(passes) <= 1, passes
+    assert crawler.stats.get_value("gc/frozen") > 1000

@@ -57,8 +57,11 @@ class GcFreeze:
         return sum(generation[what] for generation in gc.get_stats())
 
     def engine_started(self) -> None:
-        # Garbage left by start-up is freed first, or it would be kept for the whole crawl.
-        gc.collect()
+        # Garbage start-up just left is freed first, or it would be kept for the whole crawl:
+        # the young generations hold it. A full pass walked every start-up object again (~55 ms
+        # of CPU per crawl, a fifth of the whole pipeline's fixed cost over plain Scrapy's) to
+        # free some 20 objects more on the demo shop.
+        gc.collect(1)
         gc.freeze()
         if self.young:
             _, middle, old = gc.get_threshold()
