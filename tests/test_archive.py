@@ -148,7 +148,10 @@ def test_no_key_cookie_or_authorization_reaches_the_archive(clean, site, tmp_pat
         assert key.encode() not in data
         for header in (b"\r\ncookie:", b"\r\nset-cookie:", b"\r\nauthorization:", b"\r\nx-api-key:"):
             assert header not in data.lower(), (path, header)
-    dump = clean.query("SELECT string_agg(archive_index::text, '') FROM archive_index")[0][0]
+    # The archive's location is this test's folder, whose name holds "cookie": checked apart.
+    dump = clean.query("SELECT string_agg((to_jsonb(a) - 'archive')::text, '') FROM archive_index a")[0][0]
+    assert {row[0] for row in clean.query("SELECT DISTINCT archive FROM archive_index")} == {
+        f"file://{socket.gethostname()}{archive}"}
     assert key not in dump and "cookie" not in dump.lower() and "authorization" not in dump.lower()
 
 
@@ -182,3 +185,44 @@ def test_reprocess_follow_queues_only_links_the_crawl_has_not_seen(clean, site, 
     line = next(line for line in second.stderr.splitlines() if "new link(s) queued" in line)
     queued = int(line.split("reprocess: ")[1].split(" ")[0])
     assert queued > 0 and server.zcard("{demo}:requests") == queued, line
+
+
+def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewhere(clean, site, tmp_path) -> None:
+    """One index, two archive folders (as after a change of ARCHIVE_URL, or two machines' local
+    folders): each crawl's revisits point into its own archive only; a replay reads the archive
+    it is given and says once, with the fix, which pages are elsewhere; a damaged file is named
+    once and fails the command, without a traceback per page."""
+    first, second, empty = (tmp_path / name for name in ("first", "second", "empty"))
+    crawl(clean, site, ARCHIVE_URL=str(first))
+    pages = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
+    clean.redis().flushdb()
+    crawl(clean, site, ARCHIVE_URL=str(second))  # the same bodies again, into another folder
+
+    def names(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*.warc.gz")}
+
+    for folder in (first, second):
+        rows = clean.query("SELECT file, payload_file FROM archive_index WHERE file = ANY(%s)", (sorted(names(folder)),))
+        assert len(rows) >= pages and {payload for _, payload in rows} <= names(folder)
+
+    env = lambda folder: crawl_env(clean, ARCHIVE_URL=str(folder))  # noqa: E731
+    latest = reprocess(env(second))
+    assert f"reprocess: {pages}/{pages} pages" in latest.stderr and "does not hold" not in latest.stderr
+    older = reprocess(env(first))
+    note = [line for line in older.stderr.splitlines() if "does not hold" in line]
+    assert len(note) == 1 and note[0].startswith(f"reprocess: {pages} page(s) of 'demo' have their latest"), note
+    assert f"0 of them are skipped, {pages} replayed from an older version" in note[0]
+    assert "ARCHIVE_URL" in note[0] and f"reprocess: {pages}/{pages} pages" in older.stderr
+
+    empty.mkdir()
+    none = run_scrapy(env(empty), "reprocess", "demo")
+    assert none.returncode == 1 and "Traceback" not in none.stderr, none.stderr[-3000:]
+    assert f"{pages} of them are skipped, 0 replayed" in none.stderr
+    assert "reprocess: no archived pages of 'demo' match in this archive" in none.stderr
+
+    damaged = sorted(names(second))[0]
+    (second / damaged).write_bytes(b"not a WARC file")
+    broken = run_scrapy(env(second), "reprocess", "demo")
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr[-3000:]
+    assert broken.stderr.count(f"cannot read {damaged} from the archive") == 1, broken.stderr[-3000:]
+    assert "archived page(s) could not be read and were not replayed" in broken.stderr

@@ -43,6 +43,10 @@ CREATE INDEX IF NOT EXISTS archive_index_digest_idx ON archive_index (digest, fe
 CREATE INDEX IF NOT EXISTS archive_index_file_idx ON archive_index (file);
 CREATE INDEX IF NOT EXISTS archive_index_payload_file_idx ON archive_index (payload_file);
 """
+# The archive (a folder on a host, or a bucket) holding the row's files: a revisit points only at
+# a body in its own archive. Rows indexed before it was recorded have none. Added only where it is
+# missing: ALTER TABLE locks the table even when it has nothing to do.
+ADD_ARCHIVE = "ALTER TABLE archive_index ADD COLUMN IF NOT EXISTS archive text"
 _LOCK = 0x5C12A9E6
 
 
@@ -66,12 +70,17 @@ class IndexRow:
     payload_offset: int
     payload_length: int
     request: dict[str, Any]
+    archive: str | None = None  # the Store's location
 
 
 def ensure(conn: Any) -> None:
     with conn, conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         cur.execute(DDL)
+        cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                    " AND table_name = 'archive_index' AND column_name = 'archive'")
+        if cur.fetchone() is None:
+            cur.execute(ADD_ARCHIVE)
 
 
 def insert(cur: Any, rows: list[IndexRow]) -> None:
@@ -79,23 +88,23 @@ def insert(cur: Any, rows: list[IndexRow]) -> None:
         cur,
         "INSERT INTO archive_index (spider, run_id, url, target_url, fingerprint, fetched_at, status, via,"
         " provider, record_type, file, record_offset, record_length, digest, payload_file, payload_offset,"
-        " payload_length, request) VALUES %s",
+        " payload_length, request, archive) VALUES %s",
         [
             (r.spider, r.run_id, r.url, r.target_url, r.fingerprint, r.fetched_at, r.status, r.via, r.provider,
              r.record_type, r.file, r.record_offset, r.record_length, r.digest, r.payload_file, r.payload_offset,
-             r.payload_length, json.dumps(r.request))
+             r.payload_length, json.dumps(r.request), r.archive)
             for r in rows
         ],
     )
 
 
-def find_payload(cur: Any, digest: str, retention_days: float) -> tuple | None:
-    """An earlier response with this body, still inside the retention window:
+def find_payload(cur: Any, digest: str, retention_days: float, archive: str) -> tuple | None:
+    """An earlier response with this body in *archive*, still inside the retention window:
     (url, fetched_at, file, offset, length)."""
     cur.execute(
         "SELECT url, fetched_at, file, record_offset, record_length FROM archive_index"
-        " WHERE digest = %s AND record_type = 'response'"
+        " WHERE digest = %s AND record_type = 'response' AND archive = %s"
         " AND fetched_at > now() - make_interval(secs => %s) ORDER BY fetched_at DESC LIMIT 1",
-        (digest, retention_days * 86400 / 2),
+        (digest, archive, retention_days * 86400 / 2),
     )
     return cur.fetchone()

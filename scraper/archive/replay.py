@@ -43,12 +43,17 @@ class Record:
     payload_offset: int
     payload_length: int
     request: dict[str, Any]
+    fingerprint: str = ""
 
 
 def select_records(conn: Any, spider: str, run_id: int | None = None, since: datetime | None = None,
-                   url_glob: str | None = None) -> list[Record]:
-    """The latest archived version of each page of *spider* matching the filters."""
+                   url_glob: str | None = None, files: set[str] | None = None) -> list[Record]:
+    """The latest archived version of each page of *spider* matching the filters; with *files*,
+    the latest of the versions whose bytes are in those files (one archive's)."""
     where, params = ["spider = %s"], [spider]
+    if files is not None:
+        where.append("file = ANY(%s) AND payload_file = ANY(%s)")
+        params += [sorted(files), sorted(files)]
     if run_id is not None:
         where.append("run_id = %s")
         params.append(run_id)
@@ -58,7 +63,7 @@ def select_records(conn: Any, spider: str, run_id: int | None = None, since: dat
     with conn, conn.cursor() as cur:
         cur.execute(
             "SELECT DISTINCT ON (fingerprint) id, url, target_url, fetched_at, file, record_offset,"
-            " record_length, payload_file, payload_offset, payload_length, request FROM archive_index"
+            " record_length, payload_file, payload_offset, payload_length, request, fingerprint FROM archive_index"
             f" WHERE {' AND '.join(where)} ORDER BY fingerprint, fetched_at DESC, id DESC",
             params,
         )
@@ -67,6 +72,17 @@ def select_records(conn: Any, spider: str, run_id: int | None = None, since: dat
         records = [r for r in records if fnmatch.fnmatchcase(r.url, url_glob)
                    or fnmatch.fnmatchcase(r.target_url, url_glob)]
     return sorted(records, key=lambda r: r.id)
+
+
+def unheld(records: list[Record], held: set[str]) -> dict[str, int]:
+    """The files of *records* (the record's own, or its body's) that are not in *held*, with the
+    number of records in each."""
+    missing: dict[str, int] = {}
+    for record in records:
+        absent = next((f for f in (record.file, record.payload_file) if f not in held), None)
+        if absent is not None:
+            missing[absent] = missing.get(absent, 0) + 1
+    return missing
 
 
 def load(store: Store, record: Record) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -93,6 +109,7 @@ class ReplayDownloaderMiddleware:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.store: Store = crawler.replay_store
+        self._unreadable: set[str] = set()  # files already reported
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "ReplayDownloaderMiddleware":
@@ -105,7 +122,15 @@ class ReplayDownloaderMiddleware:
         if record is None:
             self.crawler.stats.inc_value("reprocess/refused")
             raise IgnoreRequest(f"not in the archive being replayed: {request.url}")
-        status, headers, body = await maybe_deferred_to_future(threads.deferToThread(load, self.store, record))
+        try:
+            status, headers, body = await maybe_deferred_to_future(threads.deferToThread(load, self.store, record))
+        except Exception as exc:  # gone since the replay began (pruned), or damaged: skip the page
+            self.crawler.stats.inc_value("reprocess/unreadable")
+            if record.file not in self._unreadable:
+                self._unreadable.add(record.file)
+                logger.warning("reprocess: cannot read %s from the archive (%s: %s); its pages are skipped",
+                               record.file, type(exc).__name__, exc)
+            raise IgnoreRequest(f"archive record unreadable: {record.url}") from None
         scrapy_headers = Headers()
         for name, value in headers:
             scrapy_headers.appendlist(name, value)

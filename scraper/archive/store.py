@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from typing import Any, Iterator, Protocol
+
+from ..secrets import redact
 
 
 class Store(Protocol):
+    # Names this archive among every one an index has known (where revisits may point).
+    location: str
     # True when a file being written is already readable where the index says (a folder):
     # its index rows can be written before the file is closed.
     readable_while_open: bool
@@ -28,6 +33,8 @@ class FolderStore:
 
     def __init__(self, root: str) -> None:
         self.root = root[len("file://"):] if root.startswith("file://") else root
+        # A folder is this machine's: the same path on two machines is two archives.
+        self.location = f"file://{socket.gethostname()}{os.path.abspath(self.root)}"
 
     def local_path(self, name: str) -> str:
         path = os.path.join(self.root, name)
@@ -64,6 +71,7 @@ class S3Store:
         bucket, _, prefix = url[len("s3://"):].partition("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        self.location = f"s3://{bucket}/{self.prefix}" + (f" at {redact(endpoint)}" if endpoint else "")
         self.spool = spool
         # Credentials and region come from the environment (AWS_*), as boto3 reads them.
         self.client: Any = boto3.client("s3", endpoint_url=endpoint)

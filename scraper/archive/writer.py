@@ -142,7 +142,7 @@ class ArchiveWriter:
         if hit is not None:
             return hit
         with self._conn, self._conn.cursor() as cur:
-            found = index.find_payload(cur, digest, self.retention_days)
+            found = index.find_payload(cur, digest, self.retention_days, self.store.location)
         return tuple(found) if found else None  # type: ignore[return-value]
 
     def _write(self, e: Entry) -> None:
@@ -174,7 +174,7 @@ class ArchiveWriter:
         self._unindexed.append(index.IndexRow(
             e.spider, e.run_id, redact(e.url), redact(e.target_url), e.fingerprint, e.fetched_at, e.status, e.via,
             e.provider, "revisit" if earlier else "response", self._name, offset, len(data), digest,
-            payload[0], payload[1], payload[2], e.request,
+            payload[0], payload[1], payload[2], e.request, self.store.location,
         ))
         if self.stats is not None:
             self.stats.inc_value("archive/records")

@@ -22,10 +22,11 @@ from scrapy.exceptions import UsageError
 from . import backends_or_report
 from ..archive import index
 from ..archive.config import read_config
-from ..archive.replay import select_records
+from ..archive.replay import select_records, unheld
 from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
+from ..secrets import redact
 from ..queue import keys
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.queues import frontier
@@ -110,14 +111,39 @@ class Command(ScrapyCommand):
             self.exitcode = 2
             return
         since = parse_since(opts.since) if opts.since else None
+        store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        try:
+            held = set(store.names())
+        except Exception as exc:
+            print(f"error: cannot list the archive at ARCHIVE_URL={redact(config.url)}: {type(exc).__name__}: "
+                  f"{redact(str(exc))}", file=sys.stderr)
+            self.exitcode = 1
+            return
         conn = psycopg2.connect(found.database_url)
         try:
             index.ensure(conn)
             records = select_records(conn, name, opts.run, since, opts.url)
+            # The index is shared by every archive location this database was given (another
+            # ARCHIVE_URL, another machine's folder): replay what this archive holds, and say once
+            # what it does not, rather than fail on each of those pages.
+            missing = unheld(records, held)
+            if missing:
+                elsewhere = {r.fingerprint for r in records if r.file not in held or r.payload_file not in held}
+                records = select_records(conn, name, opts.run, since, opts.url, files=held)
         finally:
             conn.close()
+        if missing:
+            older = len(elsewhere & {r.fingerprint for r in records})
+            print(f"reprocess: {len(elsewhere)} page(s) of {name!r} have their latest archived version in "
+                  f"{len(missing)} file(s) the archive at ARCHIVE_URL={redact(config.url)} does not hold (e.g. "
+                  f"{min(missing)}): archived under another ARCHIVE_URL or on another machine, or removed. "
+                  f"{len(elsewhere) - older} of them are skipped, {older} replayed from an older version this "
+                  f"archive holds; run with ARCHIVE_URL set to the archive that holds them to replay their latest.",
+                  file=sys.stderr, flush=True)
         if not records:
-            print(f"reprocess: no archived pages of {name!r} match", file=sys.stderr)
+            print(f"reprocess: no archived pages of {name!r} match{' in this archive' if missing else ''}",
+                  file=sys.stderr)
+            self.exitcode = 1 if missing else 0
             return
         crawler = self.crawler_process.create_crawler(name)
         for key, value in REPLAY_SETTINGS.items():
@@ -129,7 +155,7 @@ class Command(ScrapyCommand):
         crawler.settings.set("ARCHIVE_REPLAY_ITEMS_KEY", items_key, priority="cmdline")
         crawler.settings.set("ARCHIVE_REPLAY_FOLLOW", opts.follow, priority="cmdline")
         crawler.replay_records = records
-        crawler.replay_store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        crawler.replay_store = store
         spargs = dict(arg.split("=", 1) for arg in opts.spargs if "=" in arg)
         print(f"reprocess: {len(records)} archived pages of {name!r}, replayed with no network", file=sys.stderr,
               flush=True)
@@ -144,6 +170,11 @@ class Command(ScrapyCommand):
             return
         stats = crawler.stats.get_stats()
         print(f"reprocess: {summarize(stats, elapsed)}", file=sys.stderr)
+        unreadable = stats.get("reprocess/unreadable", 0)
+        if unreadable:
+            print(f"reprocess: {unreadable} archived page(s) could not be read and were not replayed "
+                  "(the warnings above name their files)", file=sys.stderr)
+            self.exitcode = 1
         if opts.follow:
             self._queue_new(crawler, name, found)
 
