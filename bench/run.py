@@ -273,7 +273,8 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
         raise SystemExit("the killed worker's requests were not redelivered")
     # Pages the dead worker had fetched whose work was lost with it: fetched again.
     redundant = sum(c - 1 for path, c in final.items() if c > 1 and path != "/robots.txt")
-    products_redundant = sum(c - 1 for path, c in final.items() if c > 1 and path.startswith("/p/"))
+    # A product page is /c/<category>/p/<id>.html as listings link it, or its canonical /p/<id>.html.
+    products_redundant = sum(c - 1 for path, c in final.items() if c > 1 and "/p/" in path)
     return {"held": float(len(held)), "requeued_s": requeued, "refetched_s": refetched, "lease": lease,
             "redundant": float(redundant), "redundant_products": float(products_redundant),
             "held_fetched": float(sum(1 for p in paths if fetched.get(p, 0) > 0))}
