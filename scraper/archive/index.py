@@ -14,6 +14,8 @@ from typing import Any
 
 from psycopg2.extras import execute_values
 
+from ..storage.schema import existing_columns
+
 DDL = """
 CREATE TABLE IF NOT EXISTS archive_index (
     id              bigserial PRIMARY KEY,
@@ -77,9 +79,7 @@ def ensure(conn: Any) -> None:
     with conn, conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         cur.execute(DDL)
-        cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                    " AND table_name = 'archive_index' AND column_name = 'archive'")
-        if cur.fetchone() is None:
+        if "archive" not in existing_columns(cur, "archive_index"):
             cur.execute(ADD_ARCHIVE)
 
 

@@ -43,7 +43,7 @@ class Record:
     payload_offset: int
     payload_length: int
     request: dict[str, Any]
-    fingerprint: str = ""
+    fingerprint: str
 
 
 def select_records(conn: Any, spider: str, run_id: int | None = None, since: datetime | None = None,
@@ -72,17 +72,6 @@ def select_records(conn: Any, spider: str, run_id: int | None = None, since: dat
         records = [r for r in records if fnmatch.fnmatchcase(r.url, url_glob)
                    or fnmatch.fnmatchcase(r.target_url, url_glob)]
     return sorted(records, key=lambda r: r.id)
-
-
-def unheld(records: list[Record], held: set[str]) -> dict[str, int]:
-    """The files of *records* (the record's own, or its body's) that are not in *held*, with the
-    number of records in each."""
-    missing: dict[str, int] = {}
-    for record in records:
-        absent = next((f for f in (record.file, record.payload_file) if f not in held), None)
-        if absent is not None:
-            missing[absent] = missing.get(absent, 0) + 1
-    return missing
 
 
 def load(store: Store, record: Record) -> tuple[int, list[tuple[str, str]], bytes]:

@@ -22,7 +22,7 @@ from scrapy.exceptions import UsageError
 from . import backends_or_report
 from ..archive import index
 from ..archive.config import read_config
-from ..archive.replay import select_records, unheld
+from ..archive.replay import select_records
 from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
@@ -126,18 +126,18 @@ class Command(ScrapyCommand):
             # The index is shared by every archive location this database was given (another
             # ARCHIVE_URL, another machine's folder): replay what this archive holds, and say once
             # what it does not, rather than fail on each of those pages.
-            missing = unheld(records, held)
-            if missing:
-                elsewhere = {r.fingerprint for r in records if r.file not in held or r.payload_file not in held}
+            away = [r for r in records if r.file not in held or r.payload_file not in held]
+            missing = {f for r in away for f in (r.file, r.payload_file) if f not in held}
+            if away:
                 records = select_records(conn, name, opts.run, since, opts.url, files=held)
         finally:
             conn.close()
         if missing:
-            older = len(elsewhere & {r.fingerprint for r in records})
-            print(f"reprocess: {len(elsewhere)} page(s) of {name!r} have their latest archived version in "
+            older = len({r.fingerprint for r in away} & {r.fingerprint for r in records})
+            print(f"reprocess: {len(away)} page(s) of {name!r} have their latest archived version in "
                   f"{len(missing)} file(s) the archive at ARCHIVE_URL={redact(config.url)} does not hold (e.g. "
                   f"{min(missing)}): archived under another ARCHIVE_URL or on another machine, or removed. "
-                  f"{len(elsewhere) - older} of them are skipped, {older} replayed from an older version this "
+                  f"{len(away) - older} of them are skipped, {older} replayed from an older version this "
                   f"archive holds; run with ARCHIVE_URL set to the archive that holds them to replay their latest.",
                   file=sys.stderr, flush=True)
         if not records:

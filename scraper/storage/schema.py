@@ -46,7 +46,7 @@ CREATE INDEX IF NOT EXISTS rejects_spider_idx ON rejects (spider, last_seen);
 """
 
 
-def _existing_columns(cur: Any, table: str) -> set[str]:
+def existing_columns(cur: Any, table: str) -> set[str]:
     return set(_numeric_columns(cur, table))
 
 
@@ -115,7 +115,7 @@ def _migrate_one(cur: Any, item_type: type[StoredItem]) -> list[str]:
     table = item_type.table
     columns = {**item_type.columns(), **BOOKKEEPING_COLUMNS}
     key = item_type.key
-    existing = _existing_columns(cur, table)
+    existing = existing_columns(cur, table)
     if not existing:
         defs = [
             sql.SQL("{} {}").format(
