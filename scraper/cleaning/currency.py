@@ -72,6 +72,13 @@ _COMMON_MARKS: dict[str, str] = {
     "د.ا": "JOD",
     "دج": "DZD",
 }
+
+# Marks CLDR gives to one currency that shops of a neighbouring country write for theirs too
+# ("сом." is the Kyrgyz som in CLDR and the Tajik somoni on Tajik pages): the page's territory
+# decides between them, as for "$".
+_SHARED_MARKS: dict[str, tuple[str, ...]] = {
+    "сом": ("KGS", "TJS"),
+}
 # A mark several currencies share whose usual reading CLDR's English data does not give.
 _PREFERRED: dict[str, str] = {"c$": "CAD"}
 
@@ -118,6 +125,8 @@ def _codes_for(mark: str) -> tuple[str, ...]:
         return ()
     if key in _COMMON_MARKS:
         return (_COMMON_MARKS[key],)
+    if key in _SHARED_MARKS:
+        return _SHARED_MARKS[key]
     stripped = mark.strip(" .:")
     if len(stripped) == 3 and stripped.isalpha() and stripped.isascii() and stripped.upper() in index["codes"]:
         if not (stripped.islower() or stripped.istitle()) or stripped.lower() not in _CODE_WORDS:

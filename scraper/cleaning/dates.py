@@ -28,6 +28,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dateparser
 
+from .date_locale import locale_reading
+
 __all__ = ["parse_date"]
 
 UTC = dt_timezone.utc
@@ -54,8 +56,14 @@ def parse_date(
     date_order: str | None = None,
     timezone: str = "UTC",
     languages: list[str] | None = None,
+    locale: str | None = None,
 ) -> datetime | None:
     """Return ``raw`` as an aware UTC datetime, or None if it is no full date.
+
+    ``locale`` (the page's, ``pt-BR``) gives the numeric date order when ``date_order`` is not
+    set (CLDR's short date pattern: ``dd/MM/y`` is DMY) and the calendar: a locale whose
+    default calendar is not the Gregorian one is read in it (Buddhist years) or refused
+    (Persian), never stored as a Gregorian year 2569 or 1405.
 
     ``timezone`` is assumed for inputs that carry no offset (date-only inputs
     become midnight there). ``date_order`` ("DMY", "MDY", "YMD") settles
@@ -79,6 +87,16 @@ def parse_date(
     text = " ".join(raw.split())
     if not text:
         return None
+    if locale:
+        reading = locale_reading(locale)
+        text = reading.prepare(text)
+        found = _parse_string(text, date_order or reading.order, timezone, languages, relative=reading.relative)
+        return reading.to_gregorian(found, text) if found is not None else None
+    return _parse_string(text, date_order, timezone, languages)
+
+
+def _parse_string(text: str, date_order: str | None, timezone: str, languages: list[str] | None,
+                  relative: bool = True) -> datetime | None:
     if _EPOCH.match(text):
         return _from_epoch(int(text))
     if _ISO_LIKE.match(text):
@@ -95,7 +113,7 @@ def parse_date(
     found = _parse_absolute(text, date_order, timezone, langs)
     if found is not None:
         return found
-    if _is_relative(text, timezone, langs):
+    if relative and not _YEAR.search(text) and _is_relative(text, timezone, langs):
         return _parse_text(text, date_order, timezone, langs, _RELATIVE_PARSERS)
     return None
 
@@ -116,6 +134,8 @@ _DAY_MONTH_YEAR = re.compile(rf"^(\d{{1,2}}) {_MONTH},? (\d{{4}}){_TIME}$")
 _MONTH_DAY_YEAR = re.compile(rf"^{_MONTH} (\d{{1,2}})(?:st|nd|rd|th)?,? (\d{{4}}){_TIME}$")
 _NUMERIC = re.compile(r"^(\d{1,2})([./-])(\d{1,2})\2(\d{4})$")
 _DOTTED = re.compile(r"^\d{1,2}\.\d{1,2}\.\d{2,4}\b")
+# A relative date ("3 days ago") names no year: "23 Now, 2026" is a month abbreviation.
+_YEAR = re.compile(r"\d{4}")
 
 
 def _parse_common(text: str, date_order: str | None, timezone: str) -> datetime | None:

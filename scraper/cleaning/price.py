@@ -18,7 +18,8 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from price_parser import Price
 
-from .currency import CurrencyReading, minor_units, read_mark
+from .currency import CurrencyReading, minor_units, read_mark, territory_of
+from .numbers import NumberError, NumberSymbols, locale_symbols, normalise_numbers
 
 __all__ = ["PriceReading", "parse_price", "read_price"]
 
@@ -92,6 +93,7 @@ def read_price(
     territory: str | None = None,
     decimal_separator: str | None = None,
     currency_hint: str | None = None,
+    locale: str | None = None,
 ) -> PriceReading:
     """Read ``raw`` as a price.
 
@@ -99,6 +101,9 @@ def read_price(
     currencies share ("$", "kr") when it is one of them; ``territory`` (``CA``, from the page's
     language) settles them next. ``decimal_separator`` ("." for schema.org) overrides the guess.
     ``currency_hint`` is text near the price that may name the currency when the price does not.
+    ``locale`` (``de-CH``, the page's or the spider's) gives the decimal and grouping symbols
+    (CLDR): a number they do not read is a problem (``amount`` None), never a guess; an explicit
+    ``decimal_separator`` is taken over it.
     """
     if isinstance(raw, bool) or raw is None:
         return PriceReading()
@@ -120,10 +125,22 @@ def read_price(
     # price; price-parser would turn any "free" substring into 0.
     if not any(ch.isdigit() for ch in text):
         return PriceReading()
+    symbols = locale_symbols(locale) if locale and decimal_separator is None else None
+    if symbols is not None and territory is None:
+        territory = territory_of(locale)
     if decimal_separator is None:
-        simple = _read_simple(text, default_currency, territory)
+        simple = _read_simple(text, default_currency, territory, symbols)
         if simple is not None:
             return simple
+    try:
+        normalised = normalise_numbers(text, symbols)
+    except NumberError as exc:
+        return PriceReading(problem=str(exc))
+    if symbols is not None:
+        # Every number is now written with "." as its only decimal mark and no grouping.
+        text, decimal_separator = normalised, "."
+    elif normalised is not text:
+        text = normalised
 
     parsed = Price.fromstring(text, decimal_separator=decimal_separator)
     if parsed.amount is None:
@@ -153,10 +170,19 @@ def read_price(
     return _finish(amount, currency)
 
 
-def _read_simple(text: str, default: str | None, territory: str | None) -> PriceReading | None:
-    """What the full path reads in *text* when it has one of the common shapes, else None."""
+def _read_simple(text: str, default: str | None, territory: str | None,
+                 symbols: NumberSymbols | None = None) -> PriceReading | None:
+    """What the full path reads in *text* when it has one of the common shapes, else None.
+
+    With a locale's *symbols*, only a shape whose decimal mark is the locale's is read here.
+    """
     match = _SIMPLE.fullmatch(text)
     if match is None:
+        return None
+    if symbols is not None and (
+        (match.group("dot") is not None and "." not in symbols.decimals)
+        or (match.group("comma") is not None and "," not in symbols.decimals)
+    ):
         return None
     before, after = match.group("before"), match.group("after")
     if (before is None) == (after is None):

@@ -14,6 +14,12 @@ A one-element list (an ItemLoader without ``TakeFirst``, extruct's output) is cl
 element; more than one element in a scalar field is a problem. Fields declared with
 ``join=True`` (a description read with ``getall()``) join their parts instead.
 
+Numbers and dates are read by a locale (CLDR: the decimal and grouping symbols, the numeric date
+order), or rejected with the reason. Which locale, first found wins: the page's request meta
+``locale`` (one spider, many country stores), the spider's ``locale`` attribute, the page's
+declared language (``Content-Language``, ``<html lang>``), the ``CLEAN_LOCALE`` setting. The
+meta keys ``default_currency`` and ``date_order`` likewise override the spider's for one page.
+
 Defaults per crawl: ``CLEAN_DEFAULT_CURRENCY`` (for a price with no currency mark at all),
 ``CLEAN_DATE_ORDER`` (e.g. ``MDY`` for ``01/02/2026``), ``CLEAN_TIMEZONE`` (for times without an
 offset), ``DATE_LANGUAGES`` (e.g. ``de,en``). A spider overrides each with the attribute
@@ -35,6 +41,9 @@ from ..cleaning.currency import currency_of, territory_of
 from ..cleaning.language import date_languages, declared_language
 from ..item_observers import on_response_received
 from ..items.base import StoredItem
+
+# The request meta keys that set a page's reading of its values (see the module's doc).
+PAGE_KEYS = ("locale", "default_currency", "date_order")
 
 # Pages whose declared language is remembered until their items are cleaned; items follow
 # their page closely, so this only has to outlast the items in flight.
@@ -93,7 +102,9 @@ class CleanPipeline:
         self.date_order = settings.get("CLEAN_DATE_ORDER") or None
         self.timezone = settings.get("CLEAN_TIMEZONE") or "UTC"
         self.date_languages = settings.get("DATE_LANGUAGES") or None
-        self._languages: OrderedDict[str, str | None] = OrderedDict()
+        self.locale = settings.get("CLEAN_LOCALE") or None
+        # Page URL -> (declared language, the page's own meta keys, in PAGE_KEYS' order).
+        self._languages: OrderedDict[str, tuple[str | None, tuple[Any, ...]]] = OrderedDict()
         # Per page language: the territory and date languages it implies (a crawl sees a few).
         self._contexts: dict[str | None, dict[str, Any]] = {}
         self._plans: dict[type, _Plan] = {}
@@ -108,7 +119,8 @@ class CleanPipeline:
             language = declared_language(response.headers.get(b"Content-Language"), response.body)
         except Exception:  # a page without a readable declaration declares nothing
             language = None
-        self._languages[response.url] = language
+        meta = getattr(request, "meta", None) or {}
+        self._languages[response.url] = (language, tuple(meta.get(key) or None for key in PAGE_KEYS))
         self._languages.move_to_end(response.url)
         while len(self._languages) > _LANGUAGE_MEMORY:
             self._languages.popitem(last=False)
@@ -127,16 +139,21 @@ class CleanPipeline:
         problems: list[str] = []
         if not _present(item.get("source")) and "source" in item.fields:
             item["source"] = self.crawler.spider.name
-        page_language = self._languages.get(str(getattr(item, "_origin", "") or ""))
-        context = self._contexts.get(page_language)
+        page = self._languages.get(str(getattr(item, "_origin", "") or "")) or (None, (None, None, None))
+        context = self._contexts.get(page)
         if context is None:
+            declared, (locale, currency, order) = page
+            locale = locale or self._option("locale", None) or declared or self.locale
             context = {
-                "page_language": page_language,
-                "territory": territory_of(page_language),
-                "languages": date_languages(self._option("date_languages", self.date_languages), page_language),
+                "page_language": declared,
+                "locale": locale,
+                "territory": territory_of(locale),
+                "languages": date_languages(self._option("date_languages", self.date_languages), locale),
+                "default_currency": currency,
+                "date_order": order,
             }
             if len(self._contexts) < _LANGUAGE_MEMORY:
-                self._contexts[page_language] = context
+                self._contexts[page] = context
         plan = self._plans.get(type(item))
         if plan is None:
             plan = self._plans[type(item)] = _Plan(type(item))
@@ -192,7 +209,8 @@ class CleanPipeline:
     ) -> str | None:
         value = parse_date(
             raw,
-            date_order=self._option("date_order", self.date_order),
+            date_order=context["date_order"] or self._option("date_order", self.date_order),
+            locale=context["locale"],
             timezone=self._option("timezone", self.timezone),
             languages=list(context["languages"]) if context["languages"] else None,
         )
@@ -209,7 +227,7 @@ class CleanPipeline:
     ) -> str | None:
         currency_field = meta.get("currency_field", "currency")
         has_currency = currency_field in item.fields
-        default = self._option("default_currency", self.default_currency)
+        default = context["default_currency"] or self._option("default_currency", self.default_currency)
         territory = context["territory"]
         declared = None
         problem = None
@@ -234,9 +252,12 @@ class CleanPipeline:
                 if reading.problem:
                     problem = f"{currency_field}: {reading.problem}"
         separator = meta.get("decimal_separator") or self._option("decimal_separator", None)
-        price = read_price(raw, declared or default, territory, decimal_separator=separator)
+        price = read_price(raw, declared or default, territory, decimal_separator=separator,
+                           locale=context["locale"])
         item[name] = price.amount
         if price.amount is None:
+            if price.problem:
+                return f"{name}: {price.problem}: {_show(raw)}"
             return f"{name}: not a price: {_show(raw)}"
         if has_currency:
             # A currency the page states in its own field wins over the price text's mark.

@@ -1,0 +1,149 @@
+"""Numbers as a locale writes them: CLDR's decimal and grouping symbols, digits of any script.
+
+price-parser guesses which of ``.`` and ``,`` is the decimal mark from the number's shape; on a
+page that declares its locale the guess is not needed, and where it is wrong it stores a wrong
+number as valid (``CHF 1’025.23`` -> 1.00, ``٧٫٥٠`` -> 50). Here every digit run of a text is
+rewritten as a plain ASCII number (``1025.23``) by the locale's own symbols (CLDR, through
+Babel), or refused with the reason: exponent notation, a symbol the locale does not use between
+digits, a second decimal mark, or groups the locale does not make. A refusal is a reject for the
+caller, never a shorter number.
+
+Without a locale only what cannot be misread is rewritten: digits of other scripts, the Arabic
+decimal and grouping marks (``٫`` ``٬``), the typographic apostrophe (``’``) and the Adlam comma
+as groupings; ``.`` and ``,`` are left to price-parser's guess.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["NumberSymbols", "NumberError", "locale_symbols", "normalise_numbers"]
+
+# Characters that may stand between the digits of one number in some locale. Spaces join a run
+# only where the locale groups with a space.
+_SEPARATORS = ".,'’\u066b\u066c\u2e41\u060c\u00b7"
+_SPACES = " \u00a0\u202f\u2009"
+# What a page writes for a grouping symbol CLDR gives otherwise: an ASCII apostrophe for ’,
+# any space for a no-break or narrow no-break space.
+_GROUP_VARIANTS = {"’": "'’", "'": "'’", **{space: _SPACES for space in _SPACES}}
+_EXPONENT = re.compile(r"[eE][+-]?\d")
+_NEUTRAL = str.maketrans({"\u066b": ".", "\u066c": ",", "’": "'", "\u2e41": ","})
+
+
+class NumberError(ValueError):
+    """A digit run that the locale's symbols do not read as one number; the message says why."""
+
+
+@dataclass(frozen=True)
+class NumberSymbols:
+    locale: str
+    decimals: frozenset[str]
+    groups: frozenset[str]
+    primary: int  # the size of the last group before the decimal mark (3 but in a few locales)
+    secondary: int  # the size of the groups before it (2 for the Indian lakh grouping)
+    run: re.Pattern[str]
+
+
+@lru_cache(maxsize=1024)
+def locale_symbols(tag: str | None) -> NumberSymbols | None:
+    """The number symbols of a locale tag (``de-CH``, ``pt_BR``, ``ar-EG``), None if unknown.
+
+    Both the Latin-digit symbols and those of the locale's own numbering system are accepted
+    (``ar-EG`` pages write ``1,234.5`` and ``١٬٢٣٤٫٥``), unless one's decimal mark is the
+    other's grouping, in which case the Latin ones alone decide.
+    """
+    if not tag:
+        return None
+    from babel import Locale, UnknownLocaleError
+    from babel.numbers import get_decimal_symbol, get_group_symbol
+
+    try:
+        locale = Locale.parse(tag.strip().replace("-", "_"))
+    except (UnknownLocaleError, ValueError, TypeError):
+        try:
+            locale = Locale.parse(re.split(r"[-_]", tag.strip())[0].lower())
+        except (UnknownLocaleError, ValueError, TypeError):
+            return None
+    decimals = {get_decimal_symbol(locale)}
+    groups = set(_GROUP_VARIANTS.get(get_group_symbol(locale), get_group_symbol(locale)))
+    native_decimal = get_decimal_symbol(locale, numbering_system="default")
+    native_group = get_group_symbol(locale, numbering_system="default")
+    native_groups = set(_GROUP_VARIANTS.get(native_group, native_group))
+    if native_decimal not in groups and not (native_groups & decimals):
+        decimals.add(native_decimal)
+        groups |= native_groups
+    pattern = locale.decimal_formats.get(None)
+    primary, secondary = pattern.grouping if pattern is not None else (3, 3)
+    joiners = "".join(sorted((decimals | groups) & set(_SEPARATORS + _SPACES)))
+    others = "".join(sorted(set(_SEPARATORS) - set(joiners)))
+    run = re.compile(rf"\d(?:[\d{re.escape(joiners + others)}]*\d)?")
+    return NumberSymbols(str(locale), frozenset(decimals), frozenset(groups), primary, secondary, run)
+
+
+def normalise_numbers(text: str, symbols: NumberSymbols | None) -> str:
+    """*text* with each number written as ASCII digits and ``.`` as the decimal mark.
+
+    Raises NumberError when a number cannot be read by *symbols* (exponent notation in any
+    case). Without symbols only unmistakable marks are rewritten (see the module's doc).
+    """
+    match = _EXPONENT.search(text)
+    if match is not None and match.start() > 0 and text[match.start() - 1].isdigit():
+        raise NumberError("exponent notation is not a price")
+    if symbols is None:
+        if text.isascii():
+            return text
+        return _ascii_digits(text.translate(_NEUTRAL))
+    out: list[str] = []
+    last = 0
+    for found in symbols.run.finditer(text):
+        out.append(text[last:found.start()])
+        out.append(_read_run(found.group(), symbols))
+        last = found.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _ascii_digits(text: str) -> str:
+    return "".join(str(unicodedata.decimal(ch)) if ch.isdigit() and not ch.isascii() else ch for ch in text)
+
+
+def _read_run(run: str, symbols: NumberSymbols) -> str:
+    parts: list[str] = []
+    marks: list[str] = []
+    digits: list[str] = []
+    for ch in run:
+        if ch.isdigit():
+            digits.append(ch if ch.isascii() else str(unicodedata.decimal(ch)))
+            continue
+        parts.append("".join(digits))
+        digits = []
+        marks.append(ch)
+    parts.append("".join(digits))
+    if not marks:
+        return parts[0]
+    where = f"{run!r} in locale {symbols.locale}"
+    fix = "declare the page's locale (meta 'locale') or the field's decimal_separator"
+    kinds = []
+    for mark in marks:
+        if mark in symbols.decimals:
+            kinds.append("d")
+        elif mark in symbols.groups:
+            kinds.append("g")
+        else:
+            raise NumberError(f"{mark!r} is neither the decimal mark nor the grouping of {where}; {fix}")
+    if kinds.count("d") > 1 or ("d" in kinds and kinds[-1] != "d"):
+        raise NumberError(f"two decimal marks or a grouping after the decimal mark: {where}; {fix}")
+    whole = parts[:-1] if kinds[-1] == "d" else parts
+    if len(whole) > 1:
+        last, middle, first = whole[-1], whole[1:-1], whole[0]
+        sizes = {symbols.secondary, 3}
+        if len(last) not in (symbols.primary, 3) or not 1 <= len(first) <= max(sizes) \
+                or len({len(p) for p in middle} - sizes) \
+                or len({len(p) for p in middle}) > 1 or (middle and len(first) > len(middle[0])):
+            raise NumberError(f"the digit groups do not fit {where}; {fix}")
+    if kinds[-1] == "d":
+        return "".join(whole) + "." + parts[-1]
+    return "".join(whole)
