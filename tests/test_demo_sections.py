@@ -11,6 +11,10 @@ from conftest import crawl_env, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
 from scraper.demo_site.sections import SECTIONS
 
+# Shops whose values only their declared locale reads right: de-CH's ’ grouping, pt-BR's
+# day-first dates, Czech "5. 6. 2019", Egyptian Arabic-Indic digits with the Arabic marks.
+LOCALE_SHOPS = ("ch", "br", "cz", "eg")
+
 
 def _crawl(services, spider: str, url: str) -> str:
     result = run_scrapy(crawl_env(services), "crawl", spider, "-a", f"url={url}")
@@ -20,7 +24,7 @@ def _crawl(services, spider: str, url: str) -> str:
 
 
 def test_german_and_kuwaiti_shops_are_stored_exactly(clean, site: DemoSite, catalog: Catalog) -> None:
-    for prefix in ("de", "kw"):
+    for prefix in ("de", "kw", *LOCALE_SHOPS):
         _crawl(clean, "demo", f"{site.origin}/{prefix}/")
     log = _crawl(clean, "schema_org", f"{site.origin}/kw/")
     rows = {
@@ -31,7 +35,8 @@ def test_german_and_kuwaiti_shops_are_stored_exactly(clean, site: DemoSite, cata
     }
     assert clean.query("SELECT reasons FROM rejects") == []
     expected = {}
-    for prefix, source in (("de", "demo"), ("kw", "demo"), ("kw", "127.0.0.1")):
+    for prefix, source in (("de", "demo"), ("kw", "demo"), ("kw", "127.0.0.1"),
+                           *((prefix, "demo") for prefix in LOCALE_SHOPS)):
         for product in SECTIONS[prefix].products(catalog):
             expected[(source, product.sku)] = (product.price, product.currency, product.released, product.title)
     assert rows.keys() == expected.keys()
@@ -45,6 +50,13 @@ def test_german_and_kuwaiti_shops_are_stored_exactly(clean, site: DemoSite, cata
     assert any("März" in d or "ber " in d or "uar " in d for d in displays)
     assert any(d.count(".") == 2 for d in displays)
     assert "clean/unparsed" not in log
+    # The shapes that were stored wrong before the locale decided were all met.
+    shown = {prefix: [p for p in SECTIONS[prefix].products(catalog)] for prefix in LOCALE_SHOPS}
+    assert any("\u2019" in p.price_display and p.price >= 1000 for p in shown["ch"])
+    assert any(p.released.day <= 12 and p.released.day != p.released.month for p in shown["br"])
+    assert any(p.released.day <= 12 and p.released.day != p.released.month and ". " in p.released_display
+               for p in shown["cz"])
+    assert any("\u066c" in p.price_display for p in shown["eg"])
 
 
 def test_sections_leave_the_default_shop_alone(site: DemoSite, catalog: Catalog) -> None:

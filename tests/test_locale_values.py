@@ -114,8 +114,8 @@ def test_prices_the_marketplace_stored_wrong(text: str, locale: str | None, amou
         ("1e309", None, "exponent"),
         ("12e3 USD", None, "exponent"),
         ("12e3 USD", "en-US", "exponent"),
-        ("12,50 €", "en", "digit groups do not fit"),  # a decimal comma where the locale groups
-        ("CHF 1’025.23", "en-US", "neither the decimal mark nor the grouping"),
+        ("1.234 €", "en", "three decimals for EUR"),  # 1.234 by the locale, 1234 meant
+        ("1·234 €", "de", "neither the decimal mark nor the grouping"),
         ("1,234,5 €", "de", "two decimal marks"),
     ],
 )
@@ -154,3 +154,117 @@ def test_numeric_and_calendar_dates_by_locale(text: str, locale: str, expected: 
 )
 def test_dates_of_other_calendars_or_unknown_words_are_rejected(text: str, locale: str) -> None:
     assert parse_date(text, locale=locale, languages=list(date_languages(None, locale) or ()) or None) is None
+
+
+# Per page: one spider, many country stores. The pipeline is Scrapy's own object, fed the
+# responses and items as the engine does.
+
+import scrapy
+from scrapy.http import HtmlResponse, Request
+from scrapy.utils.test import get_crawler
+
+from scraper.items import ProductItem
+from scraper.pipelines.clean import CleanPipeline
+
+
+class _Marketplace(scrapy.Spider):
+    name = "marketplace"
+
+
+def _page(pipeline: CleanPipeline, url: str, lang: str, meta: dict | None = None) -> None:
+    body = f'<html lang="{lang}"><body></body></html>'.encode()
+    request = Request(url, meta=meta or {})
+    pipeline._remember_language(HtmlResponse(url, body=body, request=request), request)
+
+
+def _item(pipeline: CleanPipeline, url: str, **fields: object) -> ProductItem:
+    item = ProductItem(sku="A1", title="Kettle", url=url, **fields)
+    item._origin = url
+    return pipeline.process_item(item)
+
+
+def test_a_page_says_its_locale_currency_and_date_order_in_its_request_meta() -> None:
+    crawler = get_crawler(_Marketplace)
+    crawler.spider = crawler._create_spider()
+    pipeline = CleanPipeline(crawler)
+    # The site's template declares English everywhere; the spider knows each store's country.
+    _page(pipeline, "http://shop.test/br/p/1", "en", {"locale": "pt-BR"})
+    _page(pipeline, "http://shop.test/ch/p/1", "en", {"locale": "de-CH", "default_currency": "CHF"})
+    _page(pipeline, "http://shop.test/us/p/1", "en", {"date_order": "YMD"})
+    _page(pipeline, "http://shop.test/cz/p/1", "cs")
+    brazil = _item(pipeline, "http://shop.test/br/p/1", price="R$ 1.234,56", released_at="02/07/2020")
+    swiss = _item(pipeline, "http://shop.test/ch/p/1", price="1’025.50", released_at="02.07.2020")
+    other = _item(pipeline, "http://shop.test/us/p/1", price="$12.50", released_at="2020/07/02")
+    czech = _item(pipeline, "http://shop.test/cz/p/1", price="1 234,50 Kč", released_at="5. 6. 2019")
+    assert (brazil["price"], brazil["currency"], brazil["released_at"].date()) == (
+        Decimal("1234.56"), "BRL", date(2020, 7, 2))
+    assert (swiss["price"], swiss["currency"], swiss["released_at"].date()) == (
+        Decimal("1025.50"), "CHF", date(2020, 7, 2))
+    assert (other["price"], other["currency"], other["released_at"].date()) == (
+        Decimal("12.50"), "USD", date(2020, 7, 2))
+    assert (czech["price"], czech["currency"], czech["released_at"].date()) == (
+        Decimal("1234.50"), "CZK", date(2019, 6, 5))
+    assert all(not item._problems for item in (brazil, swiss, other, czech))
+
+
+def test_a_number_the_page_locale_does_not_read_is_a_reject_with_the_reason() -> None:
+    crawler = get_crawler(_Marketplace)
+    crawler.spider = crawler._create_spider()
+    pipeline = CleanPipeline(crawler)
+    _page(pipeline, "http://shop.test/p/2", "en-US")
+    item = _item(pipeline, "http://shop.test/p/2", price="12e3 USD")
+    assert item["price"] is None
+    assert item._problems == ["price: exponent notation is not a price: '12e3 USD'"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "term"),
+    [("https://schema.org/InStock", "InStock"), ("http://schema.org/OutOfStock", "OutOfStock"),
+     ("InStock", "InStock"), ("In stock", "InStock"), ("Sold out", "SoldOut"), ("Auf Lager", "InStock"),
+     ("Pre-order", "PreOrder"), ("Ask the shop", "Ask the shop")],
+)
+def test_availability_is_the_schema_org_term(raw: str, term: str) -> None:
+    crawler = get_crawler(_Marketplace)
+    crawler.spider = crawler._create_spider()
+    item = _item(CleanPipeline(crawler), "http://shop.test/p/3", price="$1", availability=raw)
+    assert item["availability"] == term
+
+
+def test_scrapy_parse_with_pipelines_rejects_an_exponent_with_its_reason(services, tmp_path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    from conftest import crawl_env, run_scrapy
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "1.html").write_text(
+        '<html lang="en-US"><head><link rel="canonical" href="http://127.0.0.1/p/1.html"></head><body>'
+        '<h1 class="title">Kettle</h1><span class="sku">K-1</span><span class="price">12e3 USD</span>'
+        "</body></html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/p/1.html"
+        result = run_scrapy(crawl_env(services), "parse", "--nocolour", "--spider", "demo", "-c", "parse_product",
+                            "--pipelines", url, timeout=120)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr[-3000:]
+    piped = result.stdout.split("# Item pipelines (nothing stored)")[1]
+    assert "Rejected (price: exponent notation is not a price: '12e3 USD'" in piped, piped
+
+
+def test_a_page_passes_its_locale_on_to_the_requests_it_yields() -> None:
+    from scraper.middlewares.item_origin import ItemOriginMiddleware
+
+    crawler = get_crawler(_Marketplace)
+    middleware = ItemOriginMiddleware.from_crawler(crawler)
+    crawler.stats.open_spider()
+    store = Request("http://shop.test/ch/", meta={"locale": "de-CH", "default_currency": "CHF"})
+    response = HtmlResponse(store.url, body=b"<html></html>", request=store)
+    own = Request("http://shop.test/ch/p/2", meta={"locale": "fr-CH"})
+    out = list(middleware.process_spider_output(response, [Request("http://shop.test/ch/p/1"), own]))
+    assert out[0].meta == {"locale": "de-CH", "default_currency": "CHF"}
+    assert out[1].meta == {"locale": "fr-CH", "default_currency": "CHF"}

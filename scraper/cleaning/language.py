@@ -7,7 +7,11 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-__all__ = ["date_languages", "declared_language"]
+__all__ = ["PAGE_KEYS", "date_languages", "declared_language"]
+
+# The request meta keys with which a spider sets one page's reading of its values: the locale
+# (number symbols, date order), the currency of unmarked prices, the numeric date order.
+PAGE_KEYS = ("locale", "default_currency", "date_order")
 
 _HTML_LANG = re.compile(rb"<html\b[^>]*?\blang\s*=\s*[\"']?([A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*)", re.IGNORECASE)
 _TAG = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*$")

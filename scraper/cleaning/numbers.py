@@ -100,10 +100,53 @@ def normalise_numbers(text: str, symbols: NumberSymbols | None) -> str:
     last = 0
     for found in symbols.run.finditer(text):
         out.append(text[last:found.start()])
-        out.append(_read_run(found.group(), symbols))
+        try:
+            out.append(_read_run(found.group(), symbols))
+        except NumberError:
+            # A page that declares "en" and writes "1.234,56 €": a shape only one reading fits,
+            # whatever the locale, is no guess. A shape two readings fit ("1,234") is refused.
+            shaped = _read_shape(found.group())
+            if shaped is None:
+                raise
+            out.append(shaped)
         last = found.end()
     out.append(text[last:])
     return "".join(out)
+
+
+def _read_shape(run: str) -> str | None:
+    """*run* read by its shape alone, when exactly one convention reads it, else None.
+
+    The decimal mark is the last separator when it occurs once, after every grouping, and the
+    groups before it are whole; "." or "," alone and once is the decimal mark unless exactly
+    three digits follow it (then it may be either).
+    """
+    marks = [ch for ch in run if not ch.isdigit()]
+    if not marks:
+        return None
+    kinds = set(marks)
+    last = marks[-1]
+    if last not in ".,\u066b" or marks.count(last) != 1:
+        if len(kinds) == 1 and last in ".,'’\u066c\u2e41" + _SPACES:
+            decimals, groups = frozenset(), frozenset({last})  # "1.234.567": groups only
+        else:
+            return None
+    elif len(kinds) == 1:
+        if len(run) - run.index(last) - 1 == 3:
+            return None  # "1,234" or "1.234": the locale's business, and it did not read it
+        decimals, groups = frozenset({last}), frozenset()
+    else:
+        decimals, groups = frozenset({last}), frozenset(kinds - {last})
+        if groups & set(".,") and len(groups) > 1:
+            return None
+    symbols = NumberSymbols("(any)", decimals, groups, 3, 3, _ANY_RUN)
+    try:
+        return _read_run(run, symbols)
+    except NumberError:
+        return None
+
+
+_ANY_RUN = re.compile(r"\d")
 
 
 def _ascii_digits(text: str) -> str:

@@ -167,6 +167,13 @@ def read_price(
         for mark, pattern in _THREE_DECIMALS.items():
             if pattern.match(parsed.amount_text or ""):
                 amount = Price.fromstring(parsed.amount_text or "", decimal_separator=mark).amount or amount
+    if symbols is not None and amount is not None and amount.as_tuple().exponent == -3 \
+            and currency.code and minor_units(currency.code) < 3:
+        # "1.234 €" on an "en" page: the locale reads 1.234, a price in euros has no third
+        # decimal, and the writer most likely meant 1234. Neither is stored as a guess.
+        return PriceReading(problem=f"three decimals for {currency.code}, which has {minor_units(currency.code)}: "
+                                    f"a decimal mark by locale {symbols.locale} or a thousands grouping? "
+                                    "declare the page's locale (meta 'locale')")
     return _finish(amount, currency)
 
 

@@ -31,6 +31,18 @@ _GERMAN_MONTHS = [
 ]
 
 
+_ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+_CZECH_MONTHS = [
+    "ledna", "února", "března", "dubna", "května", "června", "července",
+    "srpna", "září", "října", "listopadu", "prosince",
+]
+
+
+def _arabic(text: str) -> str:
+    """Arabic-Indic digits, with the Arabic decimal and grouping marks for "." and ","."""
+    return text.replace(",", "\u066c").replace(".", "\u066b").translate(_ARABIC_INDIC)
+
+
 def _group(amount: Decimal, places: int, thousands: str, decimal: str) -> str:
     text = f"{amount:,.{places}f}"
     return text.replace(",", "\0").replace(".", decimal).replace("\0", thousands)
@@ -118,6 +130,49 @@ SECTIONS: dict[str, Section] = {
             lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
             lambda d: d.date().isoformat(),
         ),
+    ),
+    # Swiss francs grouped with CLDR's apostrophe (U+2019) and the ASCII one.
+    "ch": Section(
+        prefix="ch", language="de-CH", currency="CHF", places=2, name="Demo-Laden Schweiz",
+        prices=(
+            lambda a: "CHF " + _group(a, 2, "\u2019", "."),
+            lambda a: _group(a, 2, "\u2019", ".") + " CHF",
+            lambda a: "CHF " + _group(a, 2, "'", "."),
+        ),
+        dates=(
+            lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
+            lambda d: f"{d.day}. {_GERMAN_MONTHS[d.month - 1]} {d.year}",
+        ),
+    ),
+    # Brazilian reais and day-first numeric dates (02/07/2020 is 2 July).
+    "br": Section(
+        prefix="br", language="pt-BR", currency="BRL", places=2, name="Loja Demo",
+        prices=(
+            lambda a: "R$ " + _group(a, 2, ".", ","),
+            lambda a: "R$\u00a0" + _group(a, 2, ".", ","),
+        ),
+        dates=(lambda d: f"{d.day:02d}/{d.month:02d}/{d.year}",),
+    ),
+    # Czech crowns, a no-break space grouping, and "5. 6. 2019" dates.
+    "cz": Section(
+        prefix="cz", language="cs", currency="CZK", places=2, name="Demo obchod",
+        prices=(
+            lambda a: _group(a, 2, "\u00a0", ",") + "\u00a0Kč",
+            lambda a: _group(a, 2, " ", ",") + " Kč",
+        ),
+        dates=(
+            lambda d: f"{d.day}. {d.month}. {d.year}",
+            lambda d: f"{d.day}. {_CZECH_MONTHS[d.month - 1]} {d.year}",
+        ),
+    ),
+    # Egyptian pounds in Arabic-Indic digits with the Arabic marks (١٬٢٣٤٫٥٦ ج.م.).
+    "eg": Section(
+        prefix="eg", language="ar-EG", currency="EGP", places=2, name="متجر تجريبي",
+        prices=(
+            lambda a: _arabic(_group(a, 2, ",", ".")) + "\u00a0ج.م.\u200f",
+            lambda a: "EGP " + _group(a, 2, ",", "."),
+        ),
+        dates=(lambda d: _arabic(f"{d.day}/{d.month}/{d.year}"),),
     ),
 }
 

@@ -30,6 +30,7 @@ class ProductItem(StoredItem):
     # Often read with getall(): its parts are joined, where other fields take one value.
     description = Field(sql="text", clean="text", type=str, join=True)
     category = Field(sql="text", clean="text", type=str)
-    availability = Field(sql="text", clean="text", type=str)
+    # schema.org's ItemAvailability term (InStock, OutOfStock...) when the page's value names one.
+    availability = Field(sql="text", clean="availability", type=str)
     image = Field(sql="text", clean="url", type=str)
     released_at = Field(sql="timestamptz", clean="date", type=datetime)

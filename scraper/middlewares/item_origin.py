@@ -13,6 +13,10 @@ demo shop, every page's response, selector and tree (~30 objects) were cyclic ga
 100,000-product crawl's RSS grew by a fifth with the young generation collected every 20,000
 allocations (``GC_YOUNG_THRESHOLD``). Dropping the cached selector once the callback's output is
 exhausted breaks the cycle; a later ``response.css()`` (say, in a signal handler) parses again.
+
+A page's reading of its values (meta ``locale``, ``default_currency``, ``date_order``: see
+:mod:`scraper.pipelines.clean`) passes on to the requests it yields that do not set their own, so
+a spider says a country store's locale once, on the store's first request.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from itemadapter import is_item
 from scrapy import Request
 
 from ..items.base import StoredItem
+from ..cleaning.language import PAGE_KEYS
 
 
 class ItemOriginMiddleware:
@@ -34,10 +39,14 @@ class ItemOriginMiddleware:
     def from_crawler(cls, crawler: Any) -> "ItemOriginMiddleware":
         return cls(crawler.stats)
 
-    def _stamp(self, obj: Any, response: Any) -> None:
+    def _stamp(self, obj: Any, response: Any, inherited: dict[str, Any] | None = None) -> None:
         # Our own items first: is_item() asks every itemadapter adapter in turn.
         if not isinstance(obj, StoredItem):
-            if not isinstance(obj, Request) and is_item(obj):
+            if isinstance(obj, Request):
+                if inherited:
+                    for key, value in inherited.items():
+                        obj.meta.setdefault(key, value)
+            elif is_item(obj):
                 self.stats.inc_value("items/yielded")
             return
         self.stats.inc_value("items/yielded")
@@ -48,20 +57,32 @@ class ItemOriginMiddleware:
             obj._request = response.request
 
     async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        inherited = _page_keys(response)
         try:
             async for obj in result:
-                self._stamp(obj, response)
+                self._stamp(obj, response, inherited)
                 yield obj
         finally:
             release_selector(response)
 
     def process_spider_output(self, response: Any, result: Any) -> Any:
+        inherited = _page_keys(response)
         try:
             for obj in result:
-                self._stamp(obj, response)
+                self._stamp(obj, response, inherited)
                 yield obj
         finally:
             release_selector(response)
+
+
+def _page_keys(response: Any) -> dict[str, Any] | None:
+    """The page's own reading of its values, to pass on to the requests it yields."""
+    request = getattr(response, "request", None)
+    meta = getattr(request, "_meta", None) if request is not None else None
+    if not meta:
+        return None
+    found = {key: meta[key] for key in PAGE_KEYS if meta.get(key)}
+    return found or None
 
 
 def release_selector(response: Any) -> None:

@@ -3,7 +3,7 @@
 Each stored field names its cleaner (``clean=`` on the ``Field``): ``text`` (entities, tags,
 whitespace), ``price`` (price-parser: Decimal rounded to the currency's ISO 4217 minor unit, the
 ISO code into the field named by ``currency_field``, default ``currency``), ``date``
-(dateparser: UTC), ``url`` (w3lib: canonical, absolute). A value that is present but cannot be
+(dateparser: UTC), ``availability`` (schema.org's term: ``InStock``, ``OutOfStock``...), ``url`` (w3lib: canonical, absolute). A value that is present but cannot be
 cleaned is recorded as a problem for the validate pipeline, with the raw value, never silently
 replaced by nothing; whatever goes wrong inside a cleaner is such a problem too, so an item
 always ends as one row or one reject. Two exceptions: an optional date that cannot be read is
@@ -37,13 +37,11 @@ from decimal import Decimal
 from typing import Any
 
 from ..cleaning import canonical_url, clean_text, parse_date, read_price
+from ..cleaning.availability import normalise_availability
 from ..cleaning.currency import currency_of, territory_of
-from ..cleaning.language import date_languages, declared_language
+from ..cleaning.language import PAGE_KEYS, date_languages, declared_language
 from ..item_observers import on_response_received
 from ..items.base import StoredItem
-
-# The request meta keys that set a page's reading of its values (see the module's doc).
-PAGE_KEYS = ("locale", "default_currency", "date_order")
 
 # Pages whose declared language is remembered until their items are cleaned; items follow
 # their page closely, so this only has to outlast the items in flight.
@@ -196,6 +194,12 @@ class CleanPipeline:
             url = values[name] = canonical_url(raw)
             if url is None and _present(raw):
                 return f"{name}: not an http(s) URL: {_show(raw)}"
+        elif kind == "availability":
+            text = _safe_text(clean_text(raw)) if isinstance(raw, _TEXT_LIKE) and not isinstance(raw, bool) else None
+            if text is None and _present(raw):
+                values[name] = None
+                return f"{name}: expected text, got {type(raw).__name__}: {_show(raw)}"
+            values[name] = normalise_availability(text)
         elif kind == "date":
             return self._clean_date(item, name, meta, raw, context)
         elif kind == "price":
