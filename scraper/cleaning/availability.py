@@ -9,6 +9,7 @@ their case; labels in a few common languages are mapped; any other text is kept 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 __all__ = ["TERMS", "normalise_availability"]
 
@@ -37,6 +38,7 @@ _LABELS = {
 }
 
 
+@lru_cache(maxsize=1024)  # a site writes a handful of labels, on every item
 def normalise_availability(text: str | None) -> str | None:
     """The schema.org term *text* names, or *text* itself when it names none."""
     if not text:

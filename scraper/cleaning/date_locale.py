@@ -50,7 +50,7 @@ class LocaleDates:
         the month it found must be the one month the text names, by the locale, or in English
         where the text names no month of the locale at all.
         """
-        if not text.isdigit() and _has_letters(text) and not _names_month(self.locale, text, found.month):
+        if not text.isdigit() and not _names_month(self.locale, text, found.month):
             return None
         if self.calendar is None:
             return found
@@ -126,6 +126,9 @@ def _month_names(tag: str) -> dict[int, frozenset[str]]:
 
 @lru_cache(maxsize=4096)
 def _names_month(tag: str, text: str, month: int) -> bool:
+    """Whether *text*, if it has words, names *month* and no other (see LocaleDates.to_gregorian)."""
+    if not _has_letters(text):
+        return True
     folded = text.casefold()
     for names in (_month_names(tag), _month_names("en")):
         found = [(number, name) for number, words in names.items() for name in words if name in folded]

@@ -19,7 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from price_parser import Price
 
 from .currency import CurrencyReading, minor_units, read_mark, territory_of
-from .numbers import NumberError, NumberSymbols, locale_symbols, normalise_numbers
+from .numbers import NumberError, locale_symbols, normalise_numbers
 
 __all__ = ["PriceReading", "parse_price", "read_price"]
 
@@ -129,7 +129,7 @@ def read_price(
     if symbols is not None and territory is None:
         territory = territory_of(locale)
     if decimal_separator is None:
-        simple = _read_simple(text, default_currency, territory, symbols)
+        simple = _read_simple(text, default_currency, territory)
         if simple is not None:
             return simple
     try:
@@ -177,19 +177,14 @@ def read_price(
     return _finish(amount, currency)
 
 
-def _read_simple(text: str, default: str | None, territory: str | None,
-                 symbols: NumberSymbols | None = None) -> PriceReading | None:
+def _read_simple(text: str, default: str | None, territory: str | None) -> PriceReading | None:
     """What the full path reads in *text* when it has one of the common shapes, else None.
 
-    With a locale's *symbols*, only a shape whose decimal mark is the locale's is read here.
+    Every shape read here has one reading whatever the locale (two decimals after the last
+    separator, whole groups of three before it), so a declared locale does not change it.
     """
     match = _SIMPLE.fullmatch(text)
     if match is None:
-        return None
-    if symbols is not None and (
-        (match.group("dot") is not None and "." not in symbols.decimals)
-        or (match.group("comma") is not None and "," not in symbols.decimals)
-    ):
         return None
     before, after = match.group("before"), match.group("after")
     if (before is None) == (after is None):
