@@ -118,7 +118,12 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``QUALITY_PAGES_PER_ITEM_RISE``  Pages per stored item may rise by this share (0.5).
 ``QUALITY_RESPONSES_RISE``  The share of error, blocked or empty responses may rise by this (0.05).
 ``QUALITY_PRICE_SHIFT``     A currency's median price may move by this share (0.25).
-``QUALITY_FAIL_EXIT``       ``scrapy crawl`` exits with status 3 when its run is degraded (false).
+``QUALITY_FAIL_EXIT``       ``scrapy crawl`` exits with status 3 when its run is degraded (true;
+                            0 keeps exit 0 for schedulers that must not see it).
+``QUALITY_ON_BREAK``        What a run does when the live guard sees a field's coverage break:
+                            ``hold`` (default: items without the field are held, nothing is
+                            marked gone), ``stop`` (close the spider), ``continue``.
+``QUALITY_GUARD_POLL``      Seconds between two looks of each node at the fleet's break (2).
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
                             embedded Postgres for it, else the system's).
@@ -228,6 +233,8 @@ DUPEFILTER_EXPIRY = _env("DUPEFILTER_EXPIRY", "0")
 # --- item pipelines, in order -----------------------------------------------------------------
 ITEM_PIPELINES = {
     "scraper.pipelines.clean.CleanPipeline": 100,
+    # After validate: holds the valid items of a run whose field coverage broke.
+    "scraper.quality.guard.QualityGuardPipeline": 250,
     "scraper.pipelines.validate.ValidatePipeline": 200,
     "scraper.pipelines.dedupe.DedupePipeline": 300,
     "scraper.pipelines.store.StorePipeline": 400,
@@ -256,7 +263,9 @@ QUALITY_PAGES_PER_ITEM_RISE = _env("QUALITY_PAGES_PER_ITEM_RISE", "0.5")
 QUALITY_RESPONSES_RISE = _env("QUALITY_RESPONSES_RISE", "0.05")
 QUALITY_PRICE_SHIFT = _env("QUALITY_PRICE_SHIFT", "0.25")
 # For CI and schedulers: `scrapy crawl` exits with status 3 when its run is degraded.
-QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "false")
+QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "true")
+QUALITY_ON_BREAK = _env("QUALITY_ON_BREAK", "hold")
+QUALITY_GUARD_POLL = _env("QUALITY_GUARD_POLL", "2")
 
 # Scrapy's in-memory stats without the per-call deprecation shim (see scraper/stats.py).
 STATS_CLASS = "scraper.stats.StatsCollector"

@@ -63,18 +63,35 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert got[("price_median", "USD")][0] is True
 
         # The shop redesigns half its product pages: prices and brands move to new classes.
+        rows_before = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
         site.break_layout(0.5)
-        broken = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url, QUALITY_FAIL_EXIT="1"), expect_status=3)
+        # Degraded is exit 3 by default.
+        broken = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url), expect_status=3)
         assert "Data quality of run 3 of demo: DEGRADED" in broken, broken[-3000:]
+        assert "Data quality broke in this run (seen by this node): field coverage ProductItem." in broken
+        assert "nothing is marked gone" in broken
         got = checks(clean.query, 3)
         failed = {k for k, (passed, _) in got.items() if passed is False}
-        assert {("items_stored", ""), ("coverage", "ProductItem.brand"), ("rejects", "price")} <= failed, got
-        # The rows whose pages no longer yield an item were not seen: marked gone, all at once.
-        assert ("gone", "") in failed, got
-        assert "more rejects for price +" in got[("items_stored", "")][1]
-        # What the new layout did not touch still passes.
-        assert got[("coverage", "ProductItem.title")][0] is True
-        assert got[("coverage", "ProductItem.released_at")][0] is True
+        assert {("items_stored", ""), ("guard", "ProductItem.brand"), ("rejects", "price")} <= failed, got
+        # The guard held: no stored brand blanked, no row the site still serves marked gone.
+        rows_after = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
+        assert [(sku, brand) for sku, brand, _, _ in rows_after] == [(sku, brand) for sku, brand, _, _ in rows_before]
+        assert all(brand for _, brand, _, _ in rows_after) and not [r for r in rows_after if r[3] is not None]
+        held = clean.query("SELECT count(*) FROM rejects WHERE reasons LIKE '%%held%%'")[0][0]
+        assert held > 0
+        # What was blanked before the guard had seen enough items was written back, and the history
+        # says both: each blank of run 3 has its restoration.
+        blanked = clean.query("SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'crawl' "
+                              "AND changes->'brand'->1 = 'null'::jsonb ORDER BY 1")
+        restored = clean.query("SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'guard' "
+                               "AND changes ? 'brand' ORDER BY 1")
+        assert blanked == restored and len(blanked) <= 10, (blanked, restored)
+        assert "more rejects for price +" in got[("items_stored", "")][1] and "brand +" in got[("items_stored", "")][1]
+        # What the new layout did not touch is not flagged (with the broken items held, fewer
+        # than QUALITY_MIN_ITEMS may be stored: then their coverage is skipped, not failed).
+        assert got[("coverage", "ProductItem.title")][0] is not False
+        assert got[("coverage", "ProductItem.released_at")][0] is not False
+        assert ("guard", "ProductItem.title") not in got
         assert clean.query("SELECT run_id, outcome, baseline FROM run_quality ORDER BY run_id") == [
             (1, "ok", []), (2, "ok", [1]), (3, "degraded", [2, 1])]
 
@@ -82,7 +99,7 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         shown = run_scrapy(env, "runs", "demo", "--report", "3")
         assert shown.returncode == 0, shown.stderr[-2000:]
         assert shown.stdout.startswith("Data quality of run 3 of demo: DEGRADED"), shown.stdout
-        assert re.search(r"FAIL\s+coverage ProductItem\.brand\s+expected >= 0\.95", shown.stdout), shown.stdout
+        assert re.search(r"FAIL\s+guard ProductItem\.brand\s+expected >= 0\.95", shown.stdout), shown.stdout
         assert re.search(r"affected: .*ProductItem\.brand.*price", shown.stdout), shown.stdout
         listed = [json.loads(line) for line in run_scrapy(env, "runs", "demo", "--json").stdout.splitlines()]
         assert [(r["run_id"], r["quality"]) for r in listed] == [(3, "degraded"), (2, "ok"), (1, "ok")]
@@ -91,7 +108,7 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         # expectation, the last run degraded; and without QUALITY_FAIL_EXIT the exit status is 0.
         site.delay = 0.1
         port = free_port()
-        crawl = start_crawl(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="1",
+        crawl = start_crawl(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="1", QUALITY_FAIL_EXIT="0",
                                       RUNS_REPORT_INTERVAL="0.2", METRICS_PORT=str(port), METRICS_PORT_RANGE="1"))
 
         def scraped() -> str | None:
@@ -111,6 +128,15 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert metric(text, "scraper_quality_last_run_failed_checks", spider="demo") >= 3
         log = crawl.communicate(timeout=120)[1]
         assert crawl.returncode == 0 and "Data quality of run 4 of demo: DEGRADED" in log, log[-3000:]
+
+        # QUALITY_ON_BREAK=stop: the spider closes at the break, no more pages fetched, exit 3.
+        site.delay = 0.05
+        stopped = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop"),
+                            expect_status=3)
+        assert "stopping the spider (QUALITY_ON_BREAK=stop)" in stopped, stopped[-3000:]
+        assert "'finish_reason': 'quality_break'" in stopped, stopped[-3000:]
+        pages = int(re.search(r"'response_received_count': (\d+)", stopped).group(1))
+        assert pages < 40, pages  # a whole run fetches 54
 
 
 def test_a_run_that_stops_early_is_not_compared(clean) -> None:
@@ -142,7 +168,7 @@ def test_demo_drill_ends_with_the_failed_checks(clean) -> None:
     assert drill.returncode == 0, drill.stderr[-3000:]
     tail = drill.stdout[drill.stdout.index("Data quality of run 2"):]
     assert "DEGRADED" in tail.splitlines()[0], tail
-    assert re.search(r"failed: .*items_stored.*coverage ProductItem\.brand", tail), tail
+    assert re.search(r"failed: .*items_stored.*guard ProductItem\.brand", tail), tail
     assert "more rejects for price" in tail
 
 

@@ -139,9 +139,15 @@ class ValidatePipeline:
             reasons = [f"{type(item).__name__} has no storage contract (use a StoredItem subclass)"]
         if not reasons:
             return item
-        count_rejects(self.crawler.stats, reasons)
-        try:
-            await maybe_deferred_to_future(self.writer.add_reject(reject_record(self.crawler.spider.name, item, reasons)))
-        except WriteFailed as exc:
-            raise set_aside(self.crawler, item, exc, stop=isinstance(exc, DatabaseUnavailable)) from None
-        raise DropItem(f"Rejected ({'; '.join(reasons)})", log_level="INFO")
+        await reject(self.crawler, self.writer, item, reasons)
+
+
+async def reject(crawler: Any, writer: Any, item: Any, reasons: list[str]) -> None:
+    """Write *item* to the rejects with its *reasons* and drop it (raises DropItem), or set it
+    aside as a dead letter when the rejects cannot be written."""
+    count_rejects(crawler.stats, reasons)
+    try:
+        await maybe_deferred_to_future(writer.add_reject(reject_record(crawler.spider.name, item, reasons)))
+    except WriteFailed as exc:
+        raise set_aside(crawler, item, exc, stop=isinstance(exc, DatabaseUnavailable)) from None
+    raise DropItem(f"Rejected ({'; '.join(reasons)})", log_level="INFO")

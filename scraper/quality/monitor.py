@@ -35,14 +35,14 @@ from ..items.base import StoredItem, stored_item_types
 from . import coverage as coverage_figures
 from . import figures as run_figures
 from . import report, store
-from .checks import ItemExpectations, outcome, run_checks
+from .checks import Check, ItemExpectations, outcome, run_checks
+from .guard import run_break
 from .coverage import CoverageCounter
 from .prices import PriceHistogram
-from .settings import QualitySettings, check_declared_coverage, declared_coverage, read_settings
+from .settings import EXIT_STATUS, QualitySettings, check_declared_coverage, declared_coverage, read_settings
 
 logger = logging.getLogger(__name__)
 
-EXIT_STATUS = 3
 BLOCKED_STATUSES = (403, 429)
 
 
@@ -183,6 +183,7 @@ class QualityMonitor:
                 current["gone"] = gone
             baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
             checks = run_checks(current, [f for _, f in baseline], expectations(spider, current, baseline), self.conf)
+            checks += guard_checks(run_break(scheduler.server, spider.name, run_id))
             result = outcome(checks)
             store.save(conn, spider.name, run_id, result, [r for r, _ in baseline], current, checks)
         finally:
@@ -201,22 +202,33 @@ class QualityMonitor:
 
     def expected_coverage(self) -> dict[tuple[str, str], float]:
         """(item type, field) -> the coverage the current run is expected to reach."""
+        out: dict[tuple[str, str], float] = {}
+        for item_type in self._types_seen():
+            for field, expected in self.expected_for(item_type).items():
+                out[(item_type, field)] = expected
+        return out
+
+    def expected_for(self, item_type: str, required: bool = True) -> dict[str, float]:
+        """Field -> the coverage an item type's items are expected to reach in this run (without
+        the required fields when *required* is false: their absence is a reject already)."""
         spider = getattr(self.crawler, "spider", None)
         if spider is None:
             return {}
-        current = {f"{coverage_figures.PREFIX}{t}/items": 1.0 for t in self._types_seen()}
-        out: dict[tuple[str, str], float] = {}
-        for item_type, expect in expectations(spider, current, self.baseline).items():
-            before = [coverage_figures.ratios(f, {item_type: expect.fields}) for _, f in self.baseline
-                      if coverage_figures.item_counts(f).get(item_type, 0) > 0]
-            for field in expect.fields:
-                if field in expect.declared:
-                    out[(item_type, field)] = expect.declared[field]
-                elif field in expect.required:
-                    out[(item_type, field)] = 1.0
-                elif before:
-                    average = mean(r[(item_type, field)] for r in before)
-                    out[(item_type, field)] = max(0.0, average - self.conf.coverage_tolerance)
+        expect = expectations(spider, {f"{coverage_figures.PREFIX}{item_type}/items": 1.0}, self.baseline).get(item_type)
+        if expect is None:
+            return {}
+        before = [coverage_figures.ratios(f, {item_type: expect.fields}) for _, f in self.baseline
+                  if coverage_figures.item_counts(f).get(item_type, 0) > 0]
+        out: dict[str, float] = {}
+        for field in expect.fields:
+            if field in expect.declared:
+                out[field] = expect.declared[field]
+            elif field in expect.required:
+                if required:
+                    out[field] = 1.0
+            elif before:
+                average = mean(r[(item_type, field)] for r in before)
+                out[field] = max(0.0, average - self.conf.coverage_tolerance)
         return out
 
     def _types_seen(self) -> set[str]:
@@ -244,3 +256,11 @@ def expectations(spider: Any, current: dict[str, float],
         out[name] = ItemExpectations(fields, [f for f in fields if cls.fields[f].get("required")],
                                      declared_coverage(spider, cls))
     return out
+
+
+def guard_checks(broken: dict[str, list[float]]) -> list[Check]:
+    """The live guard's break as failed checks: the items it held are not stored, so the stored
+    items' coverage alone would call the run healthy."""
+    return [Check("guard", name, f">= {expected:.2f}", f"{coverage:.2f}", False,
+                  "broke while the run went: its changes were held")
+            for name, (coverage, expected) in sorted(broken.items())]

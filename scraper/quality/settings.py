@@ -14,6 +14,10 @@ from scrapy.settings import BaseSettings
 from ..config import ConfigError, get_bool, get_float, get_int
 
 
+# `scrapy crawl`'s exit status for a degraded run (with QUALITY_FAIL_EXIT).
+EXIT_STATUS = 3
+
+
 @dataclass(frozen=True)
 class QualitySettings:
     enabled: bool = True
@@ -26,7 +30,7 @@ class QualitySettings:
     pages_per_item_rise: float = 0.5  # pages per stored item up by more than this share fails
     responses_rise: float = 0.05  # share of error, blocked or empty responses up by more fails
     price_shift: float = 0.25  # a currency's median price moved by more than this share fails
-    fail_exit: bool = False  # `scrapy crawl` exits with status 3 when its run is degraded
+    fail_exit: bool = True  # `scrapy crawl` exits with status 3 when its run is degraded
 
 
 def _fraction(settings: BaseSettings, name: str, default: float, top: float | None = 1.0) -> float:

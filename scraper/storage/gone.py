@@ -89,6 +89,37 @@ def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]
     return [k for k in run_keys if k != items_seen_key(spider)]
 
 
+def _run_broke(crawler: Any, server: Any, spider: str) -> list[str]:
+    """The fields ("Type.field") whose coverage the live guard found broken in this run,
+    fleet-wide: a layout break hides live rows, which must not be marked gone."""
+    from ..quality.guard import run_break
+
+    found_here = [f for f in (crawler.stats.get_value("quality/broken_fields") or "").split(",") if f]
+    try:
+        found = run_break(server, spider, current_run_id(crawler) or 0)
+    except Exception:  # cannot tell: then the run may have broken, and gone-marking waits
+        return found_here or ["(its quality record could not be read)"]
+    return sorted(set(found) | set(found_here))
+
+
+def _restore(crawler: Any, writer: Any, spider: str, broken: list[str]) -> None:
+    """Put back the values the run blanked before its guard saw the break."""
+    from ..quality.restore import restore_blanks
+
+    run_id = current_run_id(crawler)
+    if not run_id:
+        return
+    conn = psycopg2.connect(writer.dsn)
+    try:
+        restored = restore_blanks(conn, spider, run_id, list(writer._types.values()),
+                                  [b for b in broken if "." in b])
+    finally:
+        conn.close()
+    crawler.stats.set_value("quality/restored", restored)
+    if restored:
+        logger.warning("Run of %r: %d value(s) blanked before the guard saw the break written back", spider, restored)
+
+
 def _mostly_failed(stats: Any) -> bool:
     responses = stats.get_value("response_received_count", 0)
     failed = stats.get_value("dead_letters/count", 0) + stats.get_value("downloader/exception_count", 0)
@@ -111,6 +142,11 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
     try:
         if not run_finished(crawler, reason):
             logger.info("Run of %r did not finish (%s): nothing is marked gone", spider, reason)
+            return
+        broken = _run_broke(crawler, server, spider)
+        if broken:
+            logger.warning("Run of %r broke its data quality (%s): nothing is marked gone", spider, ", ".join(broken))
+            _restore(crawler, writer, spider, broken)
             return
         if held is None or _mostly_failed(crawler.stats):
             logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)

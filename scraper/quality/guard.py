@@ -1,0 +1,195 @@
+"""The live quality guard: a run whose layout broke cannot damage what is stored.
+
+The run-end checks (:mod:`.monitor`) say a run was degraded once it is over, after its blanks
+were written and its unseen rows marked gone. The guard watches the valid items as they come out of
+validation, before they are stored, per item type: once ``QUALITY_MIN_ITEMS`` items of a type are in, an optional
+field whose share of filled items falls under its expectation (declared, or the baseline runs'
+average less ``QUALITY_COVERAGE_TOLERANCE``, as the run-end coverage check takes it) breaks the
+run. (A required field missing is a reject already; its spike is the run-end checks'.) What follows is ``QUALITY_ON_BREAK``:
+
+* ``hold`` (the default): the crawl goes on and stores what is healthy; an item that lacks a
+  broken field is held (a reject with the reason ``held``: its stored row, with the value, is
+  left as it was), the run marks nothing gone, and the values blanked before the break was
+  seen are written back at the end (:mod:`.restore`);
+* ``stop``: the spider closes (``quality_break``): no more pages or credits spent on it;
+* ``continue``: only said (the run-end checks judge it).
+
+A break is fleet-wide: the node that sees it writes it to the run's key in Redis, and every
+node reads that key every ``QUALITY_GUARD_POLL`` seconds, so all of them hold. It is said once
+per node, with the fields and the numbers; the run-end check reports it as a failed ``guard``
+check, so the run is degraded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from ..config import ConfigError, get_float
+from scrapy.utils.defer import deferred_from_coro
+
+from ..items.base import StoredItem
+from ..pipelines.validate import reject
+from ..storage.writer import writer_for
+from .coverage import filled
+from .settings import EXIT_STATUS, read_settings
+
+logger = logging.getLogger(__name__)
+
+MODES = ("hold", "stop", "continue")
+CLOSE_REASON = "quality_break"
+# How many items between two looks at the coverage: the look walks the fields, a count does not.
+_EVERY = 10
+
+
+def break_key(spider: str, run_id: int) -> str:
+    from ..queue.keys import run_quality_key
+
+    return f"{run_quality_key(spider, run_id)}:break"
+
+
+def run_break(server: Any, spider: str, run_id: int) -> dict[str, Any]:
+    """The run's break as the guard recorded it (field -> [coverage, expected]), {} if none."""
+    if not run_id:
+        return {}
+    raw = server.hgetall(break_key(spider, run_id))
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
+
+
+class QualityGuardPipeline:
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        conf = read_settings(crawler.settings)
+        mode = (crawler.settings.get("QUALITY_ON_BREAK") or "hold").strip().lower()
+        if mode not in MODES:
+            raise ConfigError(f"QUALITY_ON_BREAK: expected one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self.enabled = conf.enabled
+        self.min_items = max(conf.min_items, 1)
+        self.poll = get_float(crawler.settings, "QUALITY_GUARD_POLL", 2.0, minimum=0.1)
+        # Item type -> [items, {field: filled}], and its expectations (field -> share), read once.
+        self._counts: dict[type, list[Any]] = {}
+        self._expected: dict[type, dict[str, float]] = {}
+        self.held: dict[str, list[float]] = {}  # "Type.field" -> [coverage, expected]
+        self._held_fields: dict[type, tuple[str, ...]] = {}
+        self._said = False
+        self._rejects: Any = None
+        self._next_poll = 0.0
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> "QualityGuardPipeline":
+        return cls(crawler)
+
+    # --- where the run is ------------------------------------------------------------------
+
+    def _scheduler(self) -> Any:
+        monitor = getattr(self.crawler, "_quality_monitor", None)
+        return monitor._scheduler() if monitor is not None else None
+
+    def _expectations(self, item_type: type) -> dict[str, float]:
+        found = self._expected.get(item_type)
+        if found is None:
+            monitor = getattr(self.crawler, "_quality_monitor", None)
+            # Required fields are validation's: an item here has them all.
+            found = monitor.expected_for(item_type.__name__, required=False) if monitor is not None else {}
+            # A field expected at 0 can never fall under it.
+            found = self._expected[item_type] = {f: e for f, e in found.items() if e > 0}
+        return found
+
+    # --- per item ---------------------------------------------------------------------------
+
+    def process_item(self, item: Any) -> Any:
+        if not self.enabled or self.mode == "continue" and self.held or not isinstance(item, StoredItem):
+            return item
+        kind = type(item)
+        expected = self._expectations(kind)
+        if not expected:
+            return item
+        entry = self._counts.get(kind)
+        if entry is None:
+            entry = self._counts[kind] = [0, dict.fromkeys(expected, 0)]
+        values = item._values
+        entry[0] += 1
+        fields = entry[1]
+        for field in fields:
+            if filled(values.get(field)):
+                fields[field] += 1
+        if entry[0] % _EVERY == 0 or entry[0] == self.min_items:
+            self._look(kind, entry, expected)
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll
+            self._read_fleet()
+        held = self._held_fields.get(kind)
+        if held and self.mode == "hold":
+            missing = [f for f in held if not filled(values.get(f))]
+            if missing:
+                self.crawler.stats.inc_value("quality/held_items")
+                reasons = [f"{f}: held: empty while the run's {kind.__name__}.{f} coverage is broken "
+                           f"(QUALITY_ON_BREAK=hold keeps the stored value)" for f in missing]
+                return deferred_from_coro(reject(self.crawler, self._writer(), item, reasons))
+        return item
+
+    def _writer(self) -> Any:
+        if self._rejects is None:
+            self._rejects = writer_for(self.crawler)
+        return self._rejects
+
+    def _look(self, kind: type, entry: list[Any], expected: dict[str, float]) -> None:
+        items, fields = entry
+        if items < self.min_items:
+            return
+        broken = {f"{kind.__name__}.{f}": [round(fields[f] / items, 4), e]
+                  for f, e in expected.items() if fields[f] / items < e - 1e-9
+                  and f"{kind.__name__}.{f}" not in self.held}
+        if broken:
+            self._break(broken, source="this node")
+
+    def _read_fleet(self) -> None:
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return
+        try:
+            found = run_break(scheduler.server, self.crawler.spider.name, scheduler.run.run_id)
+        except Exception:  # Redis' own outage is said by the scheduler; the guard looks again
+            return
+        new = {k: v for k, v in found.items() if k not in self.held}
+        if new:
+            self._break(new, source="another node")
+
+    def _break(self, broken: dict[str, list[float]], source: str) -> None:
+        self.held.update(broken)
+        by_type: dict[str, list[str]] = {}
+        for name in self.held:
+            type_name, field = name.split(".", 1)
+            by_type.setdefault(type_name, []).append(field)
+        self._held_fields = {k: tuple(by_type.get(k.__name__, ())) for k in self._counts}
+        stats = self.crawler.stats
+        stats.set_value("quality/break", 1)
+        stats.set_value("quality/broken_fields", ",".join(sorted(self.held)))
+        scheduler = self._scheduler()
+        if scheduler is not None and source == "this node":
+            try:
+                key = break_key(self.crawler.spider.name, scheduler.run.run_id)
+                pipe = scheduler.server.pipeline(transaction=False)
+                pipe.hset(key, mapping={k: json.dumps(v) for k, v in broken.items()})
+                pipe.expire(key, 7 * 24 * 3600)
+                pipe.execute()
+            except Exception as exc:
+                logger.error("Could not tell the fleet that the run's quality broke: %s", exc)
+        shown = ", ".join(f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()))
+        action = {"hold": "holding: items without these fields are held, nothing is marked gone",
+                  "stop": "stopping the spider (QUALITY_ON_BREAK=stop)",
+                  "continue": "continuing (QUALITY_ON_BREAK=continue)"}[self.mode]
+        logger.warning("Data quality broke in this run (seen by %s): field coverage %s; %s", source, shown, action)
+        if self.mode == "stop" and not self._said:
+            self._said = True
+            stats.set_value("quality/outcome", "degraded")
+            if read_settings(self.crawler.settings).fail_exit:
+                stats.set_value("quality/exit_status", EXIT_STATUS)
+            from scrapy.utils.defer import deferred_from_coro
+
+            deferred_from_coro(self.crawler.engine.close_spider_async(reason=CLOSE_REASON)).addErrback(
+                lambda failure: logger.error("Could not stop the spider: %s", failure.value))
