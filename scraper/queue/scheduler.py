@@ -37,7 +37,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
-from ..redis_client import UNREACHABLE, get_redis
+from ..redis_client import UNREACHABLE, get_redis, unreachable_reason
 from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_stores, seen_config
@@ -452,7 +452,7 @@ class SharedScheduler(Scheduler):
         if now - self._last_redis_warning >= 10:
             self._last_redis_warning = now
             logger.warning("Redis unreachable (%s): %d requests wait to be queued; retrying",
-                           type(exc).__name__, self.queue.staged_count())
+                           unreachable_reason(exc), self.queue.staged_count())
 
     def _report_lease_wait(self) -> None:
         now = time.monotonic()
