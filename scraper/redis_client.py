@@ -55,6 +55,12 @@ REFUSING_WRITES_HINT = ("Redis refuses writes; the crawl waits (the queue needs 
                         "and memory headroom, a writable master, and a disk with room for its snapshots)")
 
 
+def count_refusal(stats: Any, exc: BaseException) -> None:
+    """Counts a write Redis refused (the ``redis/write_refusals`` stat, exported as a metric)."""
+    if isinstance(exc, REFUSING_WRITES):
+        stats.inc_value("redis/write_refusals")
+
+
 def unreachable_reason(exc: BaseException) -> str:
     """One line naming why Redis cannot be used: the refusal and its fix, or the error's class."""
     if isinstance(exc, REFUSING_WRITES):

@@ -37,7 +37,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
-from ..redis_client import UNREACHABLE, get_redis, unreachable_reason
+from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_stores, seen_config
@@ -442,6 +442,7 @@ class SharedScheduler(Scheduler):
 
     def _redis_down(self, exc: Exception) -> None:
         self.stats.inc_value("scheduler/redis_errors")
+        count_refusal(self.stats, exc)
         # A Redis (or cluster master) that comes back may have lost its last writes, seen-set
         # claims among them: this process must not go on filtering those links by its own memory.
         self.df.forget_local()
