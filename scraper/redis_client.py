@@ -21,7 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
-from redis.exceptions import ClusterDownError, MasterDownError, SlotNotCoveredError, TryAgainError
+from redis._parsers.base import BaseParser
+from redis.exceptions import (ClusterDownError, MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError,
+                              SlotNotCoveredError, TryAgainError)
 from redis.retry import Retry
 
 _clients: dict[str, Any] = {}
@@ -32,8 +34,38 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: Redis being unreachable (down, restarting, loading its data, a cluster between a master's
 #: death and its replica's promotion) once the client's own retries are spent: callers that
 #: must not lose work wait and try again.
+
+
+class MisconfError(ResponseError):
+    """``MISCONF``: Redis refuses writes because it could not save its snapshot (a full disk)."""
+
+
+# redis-py reads ``MISCONF`` as a bare ResponseError; a class of its own lets callers wait it out.
+BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", MisconfError)
+
+#: Redis up but refusing writes (at ``maxmemory`` under ``noeviction``, a read-only replica after a
+#: failover, a failed snapshot): an outage like an unreachable Redis, never a reason to drop work.
+REFUSING_WRITES = (OutOfMemoryError, ReadOnlyError, MisconfError)
+
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, MasterDownError, TryAgainError,
-               SlotNotCoveredError)
+               SlotNotCoveredError) + REFUSING_WRITES
+
+#: What an operator reads when Redis refuses writes: the cause and the fix.
+REFUSING_WRITES_HINT = ("Redis refuses writes; the crawl waits (the queue needs maxmemory-policy noeviction "
+                        "and memory headroom, a writable master, and a disk with room for its snapshots)")
+
+
+def count_refusal(stats: Any, exc: BaseException) -> None:
+    """Counts a write Redis refused (the ``redis/write_refusals`` stat, exported as a metric)."""
+    if isinstance(exc, REFUSING_WRITES):
+        stats.inc_value("redis/write_refusals")
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """One line naming why Redis cannot be used: the refusal and its fix, or the error's class."""
+    if isinstance(exc, REFUSING_WRITES):
+        return f"{type(exc).__name__}: {REFUSING_WRITES_HINT}"
+    return type(exc).__name__
 
 
 def cluster_url(url: str) -> str | None:

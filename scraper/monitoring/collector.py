@@ -107,6 +107,8 @@ class CrawlCollector(Collector):
                        ["spider"], {(s,): get("scheduler/redelivered")})
         yield _counter("scraper_dead_letters", "Requests set aside as dead letters, by reason.", ["spider", "reason"],
                        dead)
+        yield _counter("scraper_redis_write_refusals", "Writes Redis refused (OOM, READONLY, MISCONF); the crawl "
+                       "waits them out.", ["spider"], {(s,): get("redis/write_refusals")})
         yield _counter("scraper_politeness_wait_seconds", "Time requests waited for the fleet's per-site limits.",
                        ["spider"], {(s,): get("politeness/wait_seconds")})
 

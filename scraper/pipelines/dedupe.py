@@ -25,7 +25,7 @@ from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..redis_async import async_client, run_script, running_loop
 from ..redis_batcher import RedisBatcher
-from ..redis_client import UNREACHABLE, get_redis, register_script
+from ..redis_client import UNREACHABLE, count_refusal, get_redis, register_script, unreachable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +166,10 @@ class DedupePipeline:
                 return owners[0]
             except UNREACHABLE as exc:
                 self.crawler.stats.inc_value("dedupe/redis_errors")
+                count_refusal(self.crawler.stats, exc)
                 if time.monotonic() - self._last_warning >= 10:
                     self._last_warning = time.monotonic()
-                    logger.warning("Redis unreachable (%s): items wait for their dedupe claim", type(exc).__name__)
+                    logger.warning("Redis unreachable (%s): items wait for their dedupe claim", unreachable_reason(exc))
                 if batches is not None:
                     await asyncio.sleep(delay)
                 else:

@@ -37,7 +37,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ..config import get_bool, get_float, get_int
-from ..redis_client import UNREACHABLE, get_redis
+from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..storage import gone
 from . import keys
 from .dupefilter import SharedDupeFilter, make_stores, seen_config
@@ -442,6 +442,7 @@ class SharedScheduler(Scheduler):
 
     def _redis_down(self, exc: Exception) -> None:
         self.stats.inc_value("scheduler/redis_errors")
+        count_refusal(self.stats, exc)
         # A Redis (or cluster master) that comes back may have lost its last writes, seen-set
         # claims among them: this process must not go on filtering those links by its own memory.
         self.df.forget_local()
@@ -452,7 +453,7 @@ class SharedScheduler(Scheduler):
         if now - self._last_redis_warning >= 10:
             self._last_redis_warning = now
             logger.warning("Redis unreachable (%s): %d requests wait to be queued; retrying",
-                           type(exc).__name__, self.queue.staged_count())
+                           unreachable_reason(exc), self.queue.staged_count())
 
     def _report_lease_wait(self) -> None:
         now = time.monotonic()
