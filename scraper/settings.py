@@ -59,6 +59,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``POSTGRES_MAX_PENDING``    Rows waiting for the database before new downloads are held (10000).
 ``POSTGRES_RETRY_TIMEOUT``  Seconds to keep retrying an unreachable database (600); then the
                             unstored pages become dead letters and the spider stops.
+``POSTGRES_STALL_WARN_SECONDS`` While a batch has not committed for this long (a lock, a slow
+                            disk), warn every this many seconds with the rows waiting and what
+                            Postgres says the writer waits on (30; 0: never).
 ``METRICS_ENABLED``         Serve Prometheus metrics from each crawl process (true).
 ``METRICS_BIND``            Address of the metrics endpoint (127.0.0.1).
 ``METRICS_PORT``            First port tried for it (9410); ``METRICS_PORT_RANGE`` ports are tried (50).
@@ -248,6 +251,9 @@ POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")
 # after this many seconds the crawl stops with its unstored pages in the dead letters.
 POSTGRES_MAX_PENDING = _env("POSTGRES_MAX_PENDING", "10000")
 POSTGRES_RETRY_TIMEOUT = _env("POSTGRES_RETRY_TIMEOUT", "600")
+# A batch that takes longer than this is said, every this many seconds, with its wait event
+# and the pids blocking it (asked from a connection of its own).
+POSTGRES_STALL_WARN_SECONDS = _env("POSTGRES_STALL_WARN_SECONDS", "30")
 
 # --- data quality (scraper/quality) ----------------------------------------------------------
 # Each run is compared with the spider's last finished runs when it finishes; a spider may

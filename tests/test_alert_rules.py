@@ -41,6 +41,7 @@ ALERT_NAMES = {
     "ScraperLastRunDegraded",
     "ScraperProcessingBehind",
     "ScraperRedisRefusingWrites",
+    "ScraperArchiveFailing",
 }
 
 # What every crawl process exports, by type.
@@ -51,6 +52,7 @@ COUNTERS = {
     "scraper_items_stored_total", "scraper_storage_rows_written_total",
     "scraper_storage_write_failures_total", "scraper_queue_redelivered_total", "scraper_dead_letters_total",
     "scraper_politeness_wait_seconds_total", "scraper_redis_write_refusals_total",
+    "scraper_archive_not_archived_total",
 }
 GAUGES = {
     "scraper_api_budget_credits", "scraper_api_run_spent_credits", "scraper_queue_depth",

@@ -226,3 +226,40 @@ def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewher
     assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr[-3000:]
     assert broken.stderr.count(f"cannot read {damaged} from the archive") == 1, broken.stderr[-3000:]
     assert "archived page(s) could not be read and were not replayed" in broken.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs: the archive's disk fills mid-crawl, as a real full disk does (ENOSPC)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(clean, site, small_disk) -> None:
+    started = time.monotonic()
+    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk)), "crawl", "demo",
+                        timeout=60)
+    assert time.monotonic() - started < 60
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("Archive stopped:") == 1, result.stderr[-3000:]
+    assert "No space left on device" in result.stderr
+    assert "flush of closed file" not in result.stderr
+    from conftest import assert_each_product_stored_or_rejected_once
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)  # the crawl itself lost nothing
+    not_archived = int(result.stderr.split("'archive/not_archived': ")[1].split(",")[0].split("}")[0])
+    archived = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
+    assert not_archived > 0 and archived >= 0  # a fast crawl may fill the disk before the first index write
+    # The index names only whole records on disk: each one reads back as a complete gzip member.
+    for name, offset, length in clean.query("SELECT file, record_offset, record_length FROM archive_index"
+                                            " WHERE record_type = 'response'"):
+        path = small_disk / name
+        assert offset + length <= path.stat().st_size, (name, offset, length)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            assert gzip.decompress(f.read(length)).startswith(b"WARC/")

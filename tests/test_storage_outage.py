@@ -150,3 +150,33 @@ def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: 
         assert "Spider closed (finished)" in again.stderr
     assert redis.llen("{demo}:dead") == 0
     assert_every_product_once(postgres, catalog)
+
+
+def test_a_locked_table_is_said_with_the_blocking_pid(clean) -> None:
+    # A slow site keeps the crawl going while the table is locked; the writer's batch then waits.
+    with DemoSite(Catalog(products=60), delay_ms=150) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, POSTGRES_STALL_WARN_SECONDS="2")
+        crawl = start_crawl(env)
+
+        def stored() -> bool:
+            try:
+                return clean.query("SELECT EXISTS (SELECT 1 FROM products)")[0][0]
+            except psycopg2.errors.UndefinedTable:
+                return False
+
+        wait_for(stored, timeout=30, step=0.1)
+        locker = psycopg2.connect(clean.database_url)
+        with locker.cursor() as cur:
+            cur.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            cur.execute("SELECT pg_backend_pid()")
+            blocker = cur.fetchone()[0]
+        time.sleep(7)
+        locker.rollback()
+        locker.close()
+        _, log = crawl.communicate(timeout=60)
+    assert crawl.returncode == 0, log[-3000:]
+    warnings_said = [line for line in log.splitlines() if "Database stalled" in line]
+    assert 2 <= len(warnings_said) <= 4, log[-3000:]  # every 2 s of the ~7 s lock, not more
+    assert any(f"blocked by pids {blocker}" in line and "rows waiting" in line and "Lock/relation" in line
+               for line in warnings_said), warnings_said
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)

@@ -71,7 +71,14 @@ class ArchiveWriter:
         self._last_index = time.monotonic()
         self._digests: OrderedDict[str, tuple[str, datetime, str, int, int]] = OrderedDict()
         self._conn: Any = None
+        self._indexed_end = 0  # bytes of the open file known to be on disk and indexed
         self.error: str | None = None
+        # Set on the first storage failure (full disk, read-only folder, failing bucket): the
+        # writer then stops archiving and only counts what it drops, so shutdown never waits
+        # on a store that cannot take more.
+        self.failed = False
+        self.not_archived = 0
+        self._pending = False  # an entry taken but not yet among the rows to index
 
     def open(self) -> None:
         self._conn = psycopg2.connect(self.dsn, connect_timeout=10)
@@ -95,6 +102,12 @@ class ArchiveWriter:
                 entry = self._queue.get(timeout=0.5)
             except queue.Empty:
                 entry = False  # type: ignore[assignment]
+            if self.failed:
+                if entry is None:
+                    return
+                if entry:
+                    self._not_archived(1)
+                continue
             try:
                 if entry is None:
                     self._rotate()
@@ -104,13 +117,42 @@ class ArchiveWriter:
                 if self._file is not None and time.monotonic() - self._opened >= self.file_age:
                     self._rotate()
                 elif self.store.readable_while_open and time.monotonic() - self._last_index >= 1.0:
-                    self._file.flush() if self._file is not None else None
                     self._flush_index()
             except Exception as exc:  # a broken archive must not stop the crawl
-                self.error = redact(str(exc))
-                logger.error("Archive write failed: %s", self.error)
-                if self.stats is not None:
-                    self.stats.inc_value("archive/errors")
+                self._fail(exc, entry)
+                if entry is None:
+                    return
+
+    def _fail(self, exc: Exception, entry: Any) -> None:
+        """Stops archiving for the rest of the run: said once, counted, the file cut back."""
+        self.failed = True
+        self.error = redact(str(exc))
+        # Records written since the last index flush may be partly on disk: they are not
+        # indexed, and the open file is cut back to its last indexed record where it can be.
+        lost = len(self._unindexed) + (1 if self._pending else 0)
+        self._unindexed = []
+        if self._file is not None:
+            try:
+                self._file.close()
+            except Exception:
+                pass  # the buffer could not be written: exactly what is being given up
+            if self.store.readable_while_open:
+                try:
+                    os.truncate(self.store.local_path(self._name), self._indexed_end)
+                except OSError:
+                    pass
+            self._file = None
+        logger.error("Archive stopped: %s. The crawl goes on; pages from now on are not archived "
+                     "(stat archive/not_archived)", self.error)
+        if self.stats is not None:
+            self.stats.inc_value("archive/errors")
+            self.stats.set_value("archive/failed", 1)
+        self._not_archived(lost)
+
+    def _not_archived(self, count: int) -> None:
+        self.not_archived += count
+        if self.stats is not None and count:
+            self.stats.inc_value("archive/not_archived", count)
 
     def _new_file(self, spider: str) -> None:
         now = datetime.now(timezone.utc)
@@ -120,6 +162,7 @@ class ArchiveWriter:
                       f"{self._seq:05d}.warc.gz")
         self._file = open(self.store.local_path(self._name), "ab")
         self._opened = time.monotonic()
+        self._indexed_end = 0
 
     def _rotate(self) -> None:
         if self._file is None:
@@ -133,9 +176,14 @@ class ArchiveWriter:
         self._last_index = time.monotonic()
         if not self._unindexed:
             return
+        if self._file is not None:
+            # Write, flush, then index: a row never names bytes still in this process' buffer.
+            self._file.flush()
         with self._conn, self._conn.cursor() as cur:
             index.insert(cur, self._unindexed)
         self._unindexed = []
+        if self._file is not None:
+            self._indexed_end = self._file.tell()
 
     def _known(self, digest: str) -> tuple[str, datetime, str, int, int] | None:
         hit = self._digests.get(digest)
@@ -146,6 +194,7 @@ class ArchiveWriter:
         return tuple(found) if found else None  # type: ignore[return-value]
 
     def _write(self, e: Entry) -> None:
+        self._pending = True
         if self._file is None:
             self._new_file(e.spider)
         digest = warc.payload_digest(e.body)
@@ -176,6 +225,7 @@ class ArchiveWriter:
             e.provider, "revisit" if earlier else "response", self._name, offset, len(data), digest,
             payload[0], payload[1], payload[2], e.request, self.store.location,
         ))
+        self._pending = False
         if self.stats is not None:
             self.stats.inc_value("archive/records")
             self.stats.inc_value("archive/revisits" if earlier else "archive/responses")

@@ -131,6 +131,9 @@ class CrawlCollector(Collector):
                        {(s, "response"): get("archive/responses"), (s, "revisit"): get("archive/revisits")})
         yield _counter("scraper_archive_bytes", "Bytes written to the archive (gzipped WARC).", ["spider"],
                        {(s,): get("archive/bytes")})
+        yield _counter("scraper_archive_not_archived", "Pages not archived since the archive's storage failed "
+                       "(full disk, read-only folder, failing bucket).", ["spider"],
+                       {(s,): get("archive/not_archived")})
         yield _counter("scraper_storage_rows_written", "Rows written (items and rejects).", ["spider"],
                        {(s,): get("postgres/rows_written")})
         yield _counter("scraper_storage_write_failures", "Batches the database failed to take.", ["spider"],

@@ -81,6 +81,7 @@ class PostgresWriter:
         last_seen_resolution: float = 3600.0,
         retry_timeout: float = 600.0,
         max_pending: int = 10_000,
+        stall_warn: float = 30.0,
         stats: Any = None,
         history_context: Callable[[], history.Context] | None = None,
     ) -> None:
@@ -90,6 +91,11 @@ class PostgresWriter:
         self.last_seen_resolution = last_seen_resolution
         self.retry_timeout = retry_timeout
         self.max_pending = max_pending
+        self.stall_warn = stall_warn
+        self._flush_started = 0.0
+        self._flush_pid: int | None = None
+        self._stall_said = 0.0
+        self._asking = False
         self.stats = stats
         # Called per flush (the run id may be known only once the crawl runs); None: no history.
         self.history_context = history_context
@@ -118,10 +124,11 @@ class PostgresWriter:
 
     async def close(self) -> None:
         self._closed = True
-        if self._loop.running:
-            self._loop.stop()
+        # The loop runs on while the last rows drain: a stall at the end is said too.
         while self.pending() or self._flushing is not None:
             await maybe_deferred_to_future(self._flushing if self._flushing is not None else self._flush())
+        if self._loop.running:
+            self._loop.stop()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -173,6 +180,11 @@ class PostgresWriter:
             self._flush()
 
     def _tick(self) -> None:
+        if self._flushing is not None and self.stall_warn and not self._asking:
+            now = time.monotonic()
+            if now - self._flush_started >= self.stall_warn and now - self._stall_said >= self.stall_warn:
+                self._stall_said = now
+                self._say_stall(now - self._flush_started)
         if self._flushing is None and self._oldest is not None:
             if time.monotonic() - self._oldest >= self.flush_interval or self.pending() >= self.batch_size:
                 self._flush()
@@ -203,6 +215,8 @@ class PostgresWriter:
         rejects, self._rejects = self._rejects[: self.batch_size], self._rejects[self.batch_size :]
         self._oldest = time.monotonic() if self.pending() else None
         started = time.monotonic()
+        self._flush_started, self._stall_said = started, started
+        self._flush_pid = self._conn.get_backend_pid() if self._conn is not None and not self._conn.closed else None
         self._in_flight = sum(map(len, batches.values())) + len(rejects)
         d = defer_to_thread(self._write, batches, [r for r, _ in rejects])
         self._flushing = d
@@ -275,6 +289,42 @@ class PostgresWriter:
             self._flush()
 
     # --- the worker thread --------------------------------------------------------------------
+    def _say_stall(self, waited: float) -> None:
+        """Warns that no batch committed for *waited* s, with what Postgres reports of the
+        writer's backend, asked on a connection of its own (the writer's is busy waiting)."""
+        self._asking = True
+        rows, pid = self.pending() + self._in_flight, self._flush_pid
+
+        def ask() -> str:
+            if pid is None:
+                return "no connection yet"
+            conn = psycopg2.connect(self.dsn, connect_timeout=5)
+            try:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute("SET statement_timeout = 5000")
+                    cur.execute("SELECT state, wait_event_type, wait_event, pg_blocking_pids(pid)"
+                                " FROM pg_stat_activity WHERE pid = %s", (pid,))
+                    found = cur.fetchone()
+            finally:
+                conn.close()
+            if found is None:
+                return f"backend {pid} not found"
+            state, kind, event, blocking = found
+            return (f"backend {pid} {state}, waiting on {kind or '-'}/{event or '-'}, blocked by pids "
+                    f"{', '.join(map(str, blocking)) or 'none'}")
+
+        def said(report: Any) -> None:
+            self._asking = False
+            if not isinstance(report, str):
+                report = f"could not ask ({redact(' '.join(str(report.value).split()))})"
+            logger.warning("Database stalled: no batch committed for %.0f s, %d rows waiting; Postgres: %s",
+                           waited, rows, report)
+            if self.stats is not None:
+                self.stats.inc_value("postgres/stall_warnings")
+
+        defer_to_thread(ask).addBoth(said)
+
     def _connect(self) -> Any:
         # Named like the Redis connections: pg_stat_activity tells which process holds what.
         name = f"scraper:{socket.gethostname()}:{os.getpid()}"[:63]
@@ -426,6 +476,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
         last_seen_resolution=get_float(settings, "POSTGRES_LAST_SEEN_RESOLUTION", 3600.0, minimum=0),
         retry_timeout=get_float(settings, "POSTGRES_RETRY_TIMEOUT", 600.0, minimum=0),
         max_pending=get_int(settings, "POSTGRES_MAX_PENDING", 10_000, minimum=1),
+        stall_warn=get_float(settings, "POSTGRES_STALL_WARN_SECONDS", 30.0, minimum=0),
         stats=crawler.stats,
         history_context=history_context_for(crawler),
     )
