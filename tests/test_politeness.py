@@ -20,7 +20,7 @@ from scrapy.settings import Settings
 from conftest import ROOT, crawl_env, run_scrapy
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
-from scraper.politeness import limiter
+from scraper.politeness import limiter, middleware
 from scraper.politeness.keys import inflight_key, waiting_key
 from scraper.politeness.limits import DomainLimit, Limit, parse_overrides, read_policy
 from scraper.scraping_api.standin import StandIn
@@ -145,6 +145,26 @@ def test_rate_reservations_are_spaced_and_capped(clean) -> None:
     # Another domain has a budget of its own; the key forgets itself.
     assert limiter.parse_reservation(run(r, limiter.reserve("b.test", 10, 0.25))).wait == 0
     assert 0 < r.pttl("politeness:{a.test}:next") <= 1400
+
+
+def test_retry_after_pauses_the_domain_for_every_reservation(clean) -> None:
+    r = clean.redis()
+    assert run(r, limiter.pause("a.test", 0.5)) == 1
+    assert run(r, limiter.pause("a.test", 0.1)) == 0  # a shorter pause never cuts a longer one
+    held = limiter.parse_reservation(run(r, limiter.reserve("a.test", 100, 2.0)))
+    assert held.reserved and 0.4 <= held.wait <= 0.5, held
+    # Past the caller's max wait the turn is not booked; another domain is not held.
+    assert not limiter.parse_reservation(run(r, limiter.reserve("a.test", 100, 0.2))).reserved
+    assert limiter.parse_reservation(run(r, limiter.reserve("b.test", 100, 2.0))).wait == 0
+    assert 0 < r.pttl("politeness:{a.test}:paused") <= 1500
+
+
+@pytest.mark.parametrize("value, expected", [
+    (b"2", 2.0), (b" 1.5 ", 1.5), (b"0", None), (b"-3", None), (b"soon", None), (None, None),
+    (b"99999", middleware.RETRY_AFTER_MAX), (b"Wed, 21 Oct 2015 07:28:00 GMT", None),
+])
+def test_retry_after_is_read_as_seconds(value, expected) -> None:
+    assert middleware.retry_after_seconds(value) == expected
 
 
 def test_a_dead_holder_frees_its_slot_after_its_deadline(clean) -> None:

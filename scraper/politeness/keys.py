@@ -23,3 +23,8 @@ def waiting_key(domain: str) -> str:
 def waiting_deadlines_key(domain: str) -> str:
     """When each waiter stops counting unless it asks again (a dead waiter blocks nobody for long)."""
     return f"politeness:{{{domain}}}:waiting:deadlines"
+
+
+def paused_key(domain: str) -> str:
+    """Until when the whole fleet holds off *domain* (microseconds, Redis clock): its Retry-After."""
+    return f"politeness:{{{domain}}}:paused"

@@ -26,22 +26,34 @@ from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..redis_batcher import RedisBatcher
 from ..redis_client import pipeline_eval
-from .keys import inflight_key, next_key, waiting_deadlines_key, waiting_key
+from .keys import inflight_key, next_key, paused_key, waiting_deadlines_key, waiting_key
 
 _NOW_US = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 _NOW_MS = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
-# KEYS: next. ARGV: interval (us), max wait (us). -> {reserved 0/1, wait (us)}
+# KEYS: next, paused. ARGV: interval (us), max wait (us). -> {reserved 0/1, wait (us)}
 _RESERVE = _NOW_US + """
 local interval = tonumber(ARGV[1])
 local slot = now
 local latest = tonumber(redis.call('GET', KEYS[1]))
 if latest and latest + interval > now then slot = latest + interval end
+-- A site's Retry-After holds the whole fleet off until the time it named.
+local paused = tonumber(redis.call('GET', KEYS[2]))
+if paused and paused > slot then slot = paused end
 local wait = slot - now
 if wait > tonumber(ARGV[2]) then return {0, wait} end
 -- Kept until the slot after this one has passed, then forgotten.
 redis.call('SET', KEYS[1], string.format('%.0f', slot), 'PX', math.ceil((wait + interval) / 1000) + 1000)
 return {1, wait}
+"""
+
+# KEYS: paused. ARGV: pause (us). Only ever pushes the pause later, never shortens it.
+_PAUSE = _NOW_US + """
+local until_ = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]))
+if current and current >= until_ then return 0 end
+redis.call('SET', KEYS[1], string.format('%.0f', until_), 'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
+return 1
 """
 
 # KEYS: inflight, waiting, waiting deadlines. ARGV: token, limit, holder ttl (ms), waiter ttl (ms).
@@ -106,7 +118,11 @@ class Admission:
 
 
 def reserve(domain: str, rate: float, max_wait: float) -> Command:
-    return Command(_RESERVE, (next_key(domain),), (f"{1e6 / rate:.3f}", int(max_wait * 1e6)))
+    return Command(_RESERVE, (next_key(domain), paused_key(domain)), (f"{1e6 / rate:.3f}", int(max_wait * 1e6)))
+
+
+def pause(domain: str, seconds: float) -> Command:
+    return Command(_PAUSE, (paused_key(domain),), (int(seconds * 1e6),))
 
 
 def acquire(domain: str, token: str, limit: int, holder_ttl: float, waiter_ttl: float) -> Command:
@@ -139,6 +155,9 @@ class Limiter:
 
     async def reserve(self, domain: str, rate: float, max_wait: float) -> Reservation:
         return parse_reservation(await self._run(reserve(domain, rate, max_wait)))
+
+    async def pause(self, domain: str, seconds: float) -> None:
+        await self._run(pause(domain, seconds))
 
     async def acquire(self, domain: str, token: str, limit: int) -> Admission:
         return parse_admission(await self._run(acquire(domain, token, limit, self.holder_ttl, self.waiter_ttl)))

@@ -22,6 +22,7 @@ Redis errors never drop a limit: the request waits and asks again, with a warnin
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import time
 import uuid
@@ -127,7 +128,20 @@ class PolitenessMiddleware:
 
     def process_response(self, request: Request, response: Response) -> Response:
         self._release(request)
+        if response.status in (429, 503):
+            self._honour_retry_after(request, response)
         return response
+
+    def _honour_retry_after(self, request: Request, response: Response) -> None:
+        """A site's Retry-After pauses its domain for every node, not just the one that was told."""
+        seconds = retry_after_seconds(response.headers.get(b"Retry-After"))
+        if seconds is None:
+            return
+        limit = self.policy.for_host(urlparse_cached(request).hostname or "")
+        if not limit.active:
+            return
+        self.stats.inc_value("politeness/retry_after")
+        self._forget(self.limiter.pause(limit.domain, seconds), limit.domain)
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         self._release(request)
@@ -283,6 +297,30 @@ class PolitenessMiddleware:
             self._on_redis_error(failure.value, 1, domain)
 
         return deferred_from_coro(coro).addErrback(failed)
+
+
+# A longer Retry-After is not waited out by the fleet: the request's own retry budget handles it.
+RETRY_AFTER_MAX = 300.0
+
+
+def retry_after_seconds(value: bytes | None) -> float | None:
+    """Retry-After as seconds from now (delay-seconds or an HTTP date), capped; None if unreadable."""
+    if not value:
+        return None
+    text = value.decode("latin-1").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds or seconds <= 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX)
 
 
 async def _sleep(seconds: float) -> None:
