@@ -19,6 +19,8 @@ from .archive.config import read_config as read_archive_config
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
 from .processing.config import read_config as read_processing_config
+from .cleaning.numbers import check_locale as clean_locale
+from .quality.guard import check_mode as guard_mode
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 from .queue.shards import shards_setting
@@ -80,6 +82,8 @@ def validate(settings: BaseSettings) -> None:
     read_archive_config(settings)  # ARCHIVE_*
     read_processing_config(settings)  # PROCESSING_*
     quality_settings(settings)  # QUALITY_*: thresholds and switches
+    guard_mode(settings)  # QUALITY_ON_BREAK
+    clean_locale(settings)  # CLEAN_LOCALE: a locale CLDR knows
 
 
 class BackendsAddon:

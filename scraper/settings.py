@@ -90,6 +90,9 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``DATE_LANGUAGES``          Languages dates are read in, e.g. ``de,en`` (a spider's ``date_languages``
                             wins); unset: the page's declared language (``Content-Language``,
                             ``<html lang>``) then English, else English alone.
+``CLEAN_LOCALE``            The locale (``de-CH``) numbers and numeric dates are read by when
+                            neither the request's meta ``locale``, the spider's ``locale`` nor the
+                            page declares one; unset: guessed shapes only (see README).
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``ARCHIVE_ENABLED``         Archive every response the spiders see as WARC (false); setting
@@ -244,6 +247,7 @@ ITEM_PIPELINES = {
 }
 # Comma-separated; empty: each page's declared language, then English.
 DATE_LANGUAGES = _env("DATE_LANGUAGES", "")
+CLEAN_LOCALE = _env("CLEAN_LOCALE", "")
 POSTGRES_BATCH_SIZE = _env("POSTGRES_BATCH_SIZE", "1000")
 POSTGRES_FLUSH_INTERVAL = _env("POSTGRES_FLUSH_INTERVAL", "1.0")
 POSTGRES_LAST_SEEN_RESOLUTION = _env("POSTGRES_LAST_SEEN_RESOLUTION", "3600")

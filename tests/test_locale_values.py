@@ -268,3 +268,15 @@ def test_a_page_passes_its_locale_on_to_the_requests_it_yields() -> None:
     out = list(middleware.process_spider_output(response, [Request("http://shop.test/ch/p/1"), own]))
     assert out[0].meta == {"locale": "de-CH", "default_currency": "CHF"}
     assert out[1].meta == {"locale": "fr-CH", "default_currency": "CHF"}
+
+
+@pytest.mark.parametrize(("name", "value"), [("CLEAN_LOCALE", "xx-QQ-zz"), ("QUALITY_ON_BREAK", "pause")])
+def test_a_bad_locale_or_guard_setting_fails_at_start_by_name(name: str, value: str) -> None:
+    from scrapy.settings import Settings
+
+    from scraper.addon import validate
+    from scraper.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{name}: "):
+        validate(Settings({name: value}))
+    validate(Settings({"CLEAN_LOCALE": "de-CH", "QUALITY_ON_BREAK": "stop"}))

@@ -19,6 +19,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 __all__ = ["NumberSymbols", "NumberError", "locale_symbols", "normalise_numbers"]
 
@@ -190,3 +191,12 @@ def _read_run(run: str, symbols: NumberSymbols) -> str:
     if kinds[-1] == "d":
         return "".join(whole) + "." + parts[-1]
     return "".join(whole)
+
+
+def check_locale(settings: Any) -> None:
+    """``CLEAN_LOCALE`` must name a locale CLDR knows; raises ConfigError naming it."""
+    from ..config import ConfigError
+
+    value = (settings.get("CLEAN_LOCALE") or "").strip()
+    if value and locale_symbols(value) is None:
+        raise ConfigError(f"CLEAN_LOCALE: {value!r} is no locale CLDR knows (e.g. de-CH, pt-BR, en-IN)")

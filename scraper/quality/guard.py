@@ -58,14 +58,19 @@ def run_break(server: Any, spider: str, run_id: int) -> dict[str, Any]:
     return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
 
 
+def check_mode(settings: Any) -> str:
+    """``QUALITY_ON_BREAK``: one of MODES; raises ConfigError naming it."""
+    mode = (settings.get("QUALITY_ON_BREAK") or "hold").strip().lower()
+    if mode not in MODES:
+        raise ConfigError(f"QUALITY_ON_BREAK: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
 class QualityGuardPipeline:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         conf = read_settings(crawler.settings)
-        mode = (crawler.settings.get("QUALITY_ON_BREAK") or "hold").strip().lower()
-        if mode not in MODES:
-            raise ConfigError(f"QUALITY_ON_BREAK: expected one of {', '.join(MODES)}, got {mode!r}")
-        self.mode = mode
+        self.mode = check_mode(crawler.settings)
         self.enabled = conf.enabled
         self.min_items = max(conf.min_items, 1)
         self.poll = get_float(crawler.settings, "QUALITY_GUARD_POLL", 2.0, minimum=0.1)
