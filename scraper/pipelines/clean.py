@@ -118,7 +118,7 @@ class CleanPipeline:
         except Exception:  # a page without a readable declaration declares nothing
             language = None
         meta = getattr(request, "meta", None) or {}
-        self._languages[response.url] = (language, tuple(meta.get(key) or None for key in PAGE_KEYS))
+        self._languages[response.url] = (language, tuple(str(meta[key]) if meta.get(key) else None for key in PAGE_KEYS))
         self._languages.move_to_end(response.url)
         while len(self._languages) > _LANGUAGE_MEMORY:
             self._languages.popitem(last=False)

@@ -78,7 +78,7 @@ class QualityGuardPipeline:
         self._counts: dict[type, list[Any]] = {}
         self._expected: dict[type, dict[str, float]] = {}
         self.held: dict[str, list[float]] = {}  # "Type.field" -> [coverage, expected]
-        self._held_fields: dict[type, tuple[str, ...]] = {}
+        self._held_fields: dict[str, tuple[str, ...]] = {}  # item type name -> its broken fields
         self._said = False
         self._rejects: Any = None
         self._next_poll = 0.0
@@ -127,7 +127,7 @@ class QualityGuardPipeline:
         if now >= self._next_poll:
             self._next_poll = now + self.poll
             self._read_fleet()
-        held = self._held_fields.get(kind)
+        held = self._held_fields.get(kind.__name__)
         if held and self.mode == "hold":
             missing = [f for f in held if not filled(values.get(f))]
             if missing:
@@ -170,7 +170,7 @@ class QualityGuardPipeline:
         for name in self.held:
             type_name, field = name.split(".", 1)
             by_type.setdefault(type_name, []).append(field)
-        self._held_fields = {k: tuple(by_type.get(k.__name__, ())) for k in self._counts}
+        self._held_fields = {name: tuple(fields) for name, fields in by_type.items()}
         stats = self.crawler.stats
         stats.set_value("quality/break", 1)
         stats.set_value("quality/broken_fields", ",".join(sorted(self.held)))
