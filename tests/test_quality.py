@@ -66,7 +66,9 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         rows_before = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
         site.break_layout(0.5)
         # Degraded is exit 3 by default.
-        broken = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url), expect_status=3)
+        default_exit = crawl_env(clean, DEMO_SITE_URL=site.url)
+        del default_exit["QUALITY_FAIL_EXIT"]
+        broken = crawl_run(default_exit, expect_status=3)
         assert "Data quality of run 3 of demo: DEGRADED" in broken, broken[-3000:]
         assert "Data quality broke in this run (seen by this node): field coverage ProductItem." in broken
         assert "nothing is marked gone" in broken
@@ -131,8 +133,8 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
 
         # QUALITY_ON_BREAK=stop: the spider closes at the break, no more pages fetched, exit 3.
         site.delay = 0.05
-        stopped = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop"),
-                            expect_status=3)
+        stopped = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop",
+                                      QUALITY_FAIL_EXIT="1"), expect_status=3)
         assert "stopping the spider (QUALITY_ON_BREAK=stop)" in stopped, stopped[-3000:]
         assert "'finish_reason': 'quality_break'" in stopped, stopped[-3000:]
         pages = int(re.search(r"'response_received_count': (\d+)", stopped).group(1))
