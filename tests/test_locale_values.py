@@ -171,6 +171,12 @@ class _Marketplace(scrapy.Spider):
     name = "marketplace"
 
 
+def _pipeline() -> CleanPipeline:
+    crawler = get_crawler(_Marketplace)
+    crawler.spider = crawler._create_spider()
+    return CleanPipeline(crawler)
+
+
 def _page(pipeline: CleanPipeline, url: str, lang: str, meta: dict | None = None) -> None:
     body = f'<html lang="{lang}"><body></body></html>'.encode()
     request = Request(url, meta=meta or {})
@@ -184,9 +190,7 @@ def _item(pipeline: CleanPipeline, url: str, **fields: object) -> ProductItem:
 
 
 def test_a_page_says_its_locale_currency_and_date_order_in_its_request_meta() -> None:
-    crawler = get_crawler(_Marketplace)
-    crawler.spider = crawler._create_spider()
-    pipeline = CleanPipeline(crawler)
+    pipeline = _pipeline()
     # The site's template declares English everywhere; the spider knows each store's country.
     _page(pipeline, "http://shop.test/br/p/1", "en", {"locale": "pt-BR"})
     _page(pipeline, "http://shop.test/ch/p/1", "en", {"locale": "de-CH", "default_currency": "CHF"})
@@ -208,9 +212,7 @@ def test_a_page_says_its_locale_currency_and_date_order_in_its_request_meta() ->
 
 
 def test_a_number_the_page_locale_does_not_read_is_a_reject_with_the_reason() -> None:
-    crawler = get_crawler(_Marketplace)
-    crawler.spider = crawler._create_spider()
-    pipeline = CleanPipeline(crawler)
+    pipeline = _pipeline()
     _page(pipeline, "http://shop.test/p/2", "en-US")
     item = _item(pipeline, "http://shop.test/p/2", price="12e3 USD")
     assert item["price"] is None
@@ -224,9 +226,7 @@ def test_a_number_the_page_locale_does_not_read_is_a_reject_with_the_reason() ->
      ("Pre-order", "PreOrder"), ("Ask the shop", "Ask the shop")],
 )
 def test_availability_is_the_schema_org_term(raw: str, term: str) -> None:
-    crawler = get_crawler(_Marketplace)
-    crawler.spider = crawler._create_spider()
-    item = _item(CleanPipeline(crawler), "http://shop.test/p/3", price="$1", availability=raw)
+    item = _item(_pipeline(), "http://shop.test/p/3", price="$1", availability=raw)
     assert item["availability"] == term
 
 

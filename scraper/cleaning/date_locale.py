@@ -11,10 +11,12 @@ is a two-digit year in either calendar: none of them is ever stored as a Gregori
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+
+from .language import date_languages, parse_locale
+from .numbers import ascii_digits
 
 __all__ = ["LocaleDates", "locale_reading"]
 
@@ -38,9 +40,7 @@ class LocaleDates:
         """*text* with ASCII digits and without bidirectional marks."""
         if text.isascii():
             return text
-        text = _MARKS.sub("", text)
-        return "".join(str(unicodedata.decimal(ch)) if ch.isdigit() and not ch.isascii() else ch
-                       for ch in text).strip()
+        return ascii_digits(_MARKS.sub("", text)).strip()
 
     def to_gregorian(self, found: datetime, text: str) -> datetime | None:
         """The Gregorian reading of what dateparser read as Gregorian, or None if there is none.
@@ -69,20 +69,12 @@ class LocaleDates:
 
 @lru_cache(maxsize=512)
 def locale_reading(tag: str) -> LocaleDates:
-    from babel import Locale, UnknownLocaleError
     from babel.dates import get_date_format
 
     from .currency import territory_of
-    from .language import date_languages
 
     language = re.split(r"[-_]", tag.strip())[0].lower()
-    try:
-        locale = Locale.parse(tag.strip().replace("-", "_"))
-    except (UnknownLocaleError, ValueError, TypeError):
-        try:
-            locale = Locale.parse(language)
-        except (UnknownLocaleError, ValueError, TypeError):
-            locale = None
+    locale = parse_locale(tag)
     order = None
     if locale is not None:
         pattern = get_date_format("short", locale=locale).pattern
@@ -109,12 +101,9 @@ def _has_letters(text: str) -> bool:
 
 @lru_cache(maxsize=64)
 def _month_names(tag: str) -> dict[int, frozenset[str]]:
-    from babel import Locale
-
     names: dict[int, set[str]] = {month: set() for month in range(1, 13)}
-    try:
-        locale = Locale.parse(tag)
-    except Exception:  # an unknown tag: English names alone confirm
+    locale = parse_locale(tag)
+    if locale is None:  # an unknown tag: English names alone confirm
         return {month: frozenset() for month in names}
     for context in ("format", "stand-alone"):
         for width in ("wide", "abbreviated"):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 
-__all__ = ["PAGE_KEYS", "date_languages", "declared_language"]
+__all__ = ["PAGE_KEYS", "date_languages", "declared_language", "parse_locale"]
 
 # The request meta keys with which a spider sets one page's reading of its values: the locale
 # (number symbols, date order), the currency of unmarked prices, the numeric date order.
@@ -59,3 +60,17 @@ def date_languages(configured: Iterable[str] | str | None, page: str | None) -> 
                 found.append(candidate)
                 break
     return tuple(found) or None
+
+
+def parse_locale(tag: str) -> Any:
+    """The Babel Locale of a tag as pages write it (``de-CH``, ``pt_BR``), else of its language
+    alone (``de-XX`` -> ``de``), else None."""
+    from babel import Locale, UnknownLocaleError
+
+    tag = tag.strip()
+    for candidate in (tag.replace("-", "_"), re.split(r"[-_]", tag)[0].lower()):
+        try:
+            return Locale.parse(candidate)
+        except (UnknownLocaleError, ValueError, TypeError):
+            continue
+    return None

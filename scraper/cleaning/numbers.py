@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["NumberSymbols", "NumberError", "locale_symbols", "normalise_numbers"]
+from .language import parse_locale
+
+__all__ = ["NumberSymbols", "NumberError", "ascii_digits", "locale_symbols", "normalise_numbers"]
 
 # Characters that may stand between the digits of one number in some locale. Spaces join a run
 # only where the locale groups with a space.
@@ -58,16 +60,11 @@ def locale_symbols(tag: str | None) -> NumberSymbols | None:
     """
     if not tag:
         return None
-    from babel import Locale, UnknownLocaleError
     from babel.numbers import get_decimal_symbol, get_group_symbol
 
-    try:
-        locale = Locale.parse(tag.strip().replace("-", "_"))
-    except (UnknownLocaleError, ValueError, TypeError):
-        try:
-            locale = Locale.parse(re.split(r"[-_]", tag.strip())[0].lower())
-        except (UnknownLocaleError, ValueError, TypeError):
-            return None
+    locale = parse_locale(tag)
+    if locale is None:
+        return None
     decimals = {get_decimal_symbol(locale)}
     groups = set(_GROUP_VARIANTS.get(get_group_symbol(locale), get_group_symbol(locale)))
     native_decimal = get_decimal_symbol(locale, numbering_system="default")
@@ -96,7 +93,7 @@ def normalise_numbers(text: str, symbols: NumberSymbols | None) -> str:
     if symbols is None:
         if text.isascii():
             return text
-        return _ascii_digits(text.translate(_NEUTRAL))
+        return ascii_digits(text.translate(_NEUTRAL))
     out: list[str] = []
     last = 0
     for found in symbols.run.finditer(text):
@@ -150,7 +147,8 @@ def _read_shape(run: str) -> str | None:
 _ANY_RUN = re.compile(r"\d")
 
 
-def _ascii_digits(text: str) -> str:
+def ascii_digits(text: str) -> str:
+    """*text* with the digits of any script written as ASCII digits."""
     return "".join(str(unicodedata.decimal(ch)) if ch.isdigit() and not ch.isascii() else ch for ch in text)
 
 
