@@ -72,6 +72,7 @@ class QualityGuardPipeline:
         conf = read_settings(crawler.settings)
         self.mode = check_mode(crawler.settings)
         self.enabled = conf.enabled
+        self.fail_exit = conf.fail_exit
         self.min_items = max(conf.min_items, 1)
         self.poll = get_float(crawler.settings, "QUALITY_GUARD_POLL", 2.0, minimum=0.1)
         # Item type -> [items, {field: filled}], and its expectations (field -> share), read once.
@@ -192,7 +193,7 @@ class QualityGuardPipeline:
         if self.mode == "stop" and not self._said:
             self._said = True
             stats.set_value("quality/outcome", "degraded")
-            if read_settings(self.crawler.settings).fail_exit:
+            if self.fail_exit:
                 stats.set_value("quality/exit_status", EXIT_STATUS)
             from scrapy.utils.defer import deferred_from_coro
 
