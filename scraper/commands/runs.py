@@ -4,7 +4,9 @@ Rows come from the ``crawl_runs`` table; the current run of each spider is compl
 Redis (its state as the fleet sees it now, and its figures summed over its nodes), so a run in
 progress shows its live numbers. ``--json`` prints one object per run, ``--limit`` the number
 of runs per spider (20). The ``quality`` column is the outcome of a finished run's data-quality
-checks (``ok``, ``degraded``); ``scrapy runs SPIDER --report RUN`` prints that run's report.
+checks (``ok``, ``degraded``); ``scrapy runs SPIDER --report RUN`` prints that run's report and
+the changes it held when its quality broke, ``--apply RUN`` writes them, ``--discard RUN`` drops
+them and ``--revert RUN`` undoes what a finished run changed (see :mod:`.run_changes`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from . import backends_or_report
+from . import backends_or_report, run_changes as changes
 from ..config import get_float
 from ..queue import keys
 from ..queue.nodes import NodeRegistry
@@ -90,7 +92,13 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--json", action="store_true", help="one JSON object per run")
         parser.add_argument("--limit", type=int, default=20, help="runs per spider (20)")
-        parser.add_argument("--report", type=int, metavar="RUN", help="print the data-quality report of run RUN")
+        parser.add_argument("--report", type=int, metavar="RUN",
+                            help="print the data-quality report of run RUN and the changes it holds")
+        parser.add_argument("--apply", type=int, metavar="RUN",
+                            help="write the changes run RUN held when its quality broke (see --report)")
+        parser.add_argument("--discard", type=int, metavar="RUN", help="drop the changes run RUN held")
+        parser.add_argument("--revert", type=int, metavar="RUN",
+                            help="undo what finished run RUN changed, from the history")
 
     def run(self, args: list[str], opts: Namespace) -> None:
         found = backends_or_report(self)
@@ -100,6 +108,15 @@ class Command(ScrapyCommand):
 
         if opts.report is not None:
             self._report(found.database_url, args, opts.report)
+            return
+        actions = [(name, getattr(opts, name)) for name in ("apply", "discard", "revert")
+                   if getattr(opts, name) is not None]
+        if actions:
+            if len(actions) > 1 or len(args) != 1:
+                raise UsageError("--apply, --discard and --revert take one spider and one run: "
+                                 "scrapy runs SPIDER --apply RUN")
+            get_spider_loader(self.settings).load(args[0])  # registers the spider's item types
+            self.exitcode = changes.act(found, self.settings, args[0], *actions[0])
             return
         server = get_redis(found.redis_url)
         spiders = args or sorted(get_spider_loader(self.settings).list())
@@ -143,12 +160,17 @@ class Command(ScrapyCommand):
         conn = quality_store.connect(database_url)
         try:
             found = quality_store.report(conn, spiders[0], run_id)
+            held_lines = changes.held_report(conn, spiders[0], run_id)
         finally:
             conn.close()
         if found is None:
             print(f"run {run_id} of {spiders[0]} has no data-quality report: it has not finished, "
                   "or it ended early (stopped, discarded), and such runs are not checked", file=sys.stderr)
+            if held_lines:
+                print("\n".join(held_lines))
             self.exitcode = 1
             return
         row, checks = found
         print(quality_report.render(spiders[0], run_id, row["outcome"], row["baseline"], checks))
+        if held_lines:
+            print("\n".join(held_lines))

@@ -108,7 +108,9 @@ def check_items(current: Figures, baseline: list[Figures], conf: QualitySettings
         reverse=True,
     )
     why = ", ".join(f"{field} +{delta:.0f}" for delta, field in rose if delta > 0)
-    note = f"median of {len(baseline)} run(s): {base:.0f}" + (f"; more rejects for {why}" if why else "")
+    held = ", ".join(f"{k.split('/', 1)[1]} {v:.0f}" for k, v in sorted(current.items()) if k.startswith("held/"))
+    note = f"median of {len(baseline)} run(s): {base:.0f}" + (f"; more rejects for {why}" if why else "") + \
+        (f"; held for {held}" if held else "")
     yield Check("items_stored", "", f">= {wanted:.0f}", f"{observed:.0f}", observed >= wanted, note)
 
 

@@ -8,9 +8,10 @@ average less ``QUALITY_COVERAGE_TOLERANCE``, as the run-end coverage check takes
 run. (A required field missing is a reject already; its spike is the run-end checks'.) What follows is ``QUALITY_ON_BREAK``:
 
 * ``hold`` (the default): the crawl goes on and stores what is healthy; an item that lacks a
-  broken field is held (a reject with the reason ``held``: its stored row, with the value, is
-  left as it was), the run marks nothing gone, and the values blanked before the break was
-  seen are written back at the end (:mod:`.restore`);
+  broken field is held with the run (:mod:`scraper.storage.held`: its stored row, with the
+  value, is left as it was, until ``scrapy runs SPIDER --apply RUN`` or ``--discard RUN``), the
+  run's gone-marks are held the same way, and the values blanked before the break was seen are
+  written back at the end (:mod:`.restore`);
 * ``stop``: the spider closes (``quality_break``): no more pages or credits spent on it;
 * ``continue``: only said (the run-end checks judge it).
 
@@ -30,9 +31,14 @@ from typing import Any
 from ..config import ConfigError, get_float
 from scrapy.utils.defer import deferred_from_coro
 
+from scrapy.exceptions import DropItem
+from scrapy.utils.defer import maybe_deferred_to_future
+
 from ..items.base import StoredItem
-from ..pipelines.validate import reject
-from ..storage.writer import writer_for
+from ..pipelines.unstored import set_aside
+from ..runs_hook import current_run_id
+from ..storage import held
+from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
 from .coverage import filled
 from .settings import EXIT_STATUS, read_settings
 
@@ -132,11 +138,29 @@ class QualityGuardPipeline:
         if held and self.mode == "hold":
             missing = [f for f in held if not filled(values.get(f))]
             if missing:
-                self.crawler.stats.inc_value("quality/held_items")
+                stats = self.crawler.stats
+                stats.inc_value("quality/held_items")
+                for f in missing:
+                    stats.inc_value(f"quality/held_fields/{f}")
                 reasons = [f"{f}: held: empty while the run's {kind.__name__}.{f} coverage is broken "
                            f"(QUALITY_ON_BREAK=hold keeps the stored value)" for f in missing]
-                return deferred_from_coro(reject(self.crawler, self._writer(), item, reasons))
+                return deferred_from_coro(self._hold(item, reasons))
         return item
+
+    async def _hold(self, item: StoredItem, reasons: list[str]) -> None:
+        """Keep *item* aside with the run (see :mod:`scraper.storage.held`) and drop it here."""
+        record = held.item_record(self.crawler.spider.name, current_run_id(self.crawler) or 0, item, reasons)
+        try:
+            await maybe_deferred_to_future(self._writer().add_reject(record))
+        except WriteFailed as exc:
+            raise set_aside(self.crawler, item, exc, stop=isinstance(exc, DatabaseUnavailable)) from None
+        raise DropItem(f"Held ({'; '.join(reasons)})", log_level="INFO")
+
+    def close_spider(self) -> None:
+        # A node that stored its last item before the break was written still says it: the
+        # run it belongs to broke, and its operator reads this node's log too.
+        if self.enabled:
+            self._read_fleet()
 
     def _writer(self) -> Any:
         if self._rejects is None:

@@ -107,6 +107,8 @@ class QualityMonitor:
         for key, value in stats.items():
             if key.startswith("item_rejected_reasons/"):
                 figures[f"rejects/{key.split('/', 1)[1]}"] = float(value)
+            elif key.startswith("quality/held_fields/"):  # items the live guard held (see .guard)
+                figures[f"held/{key.rsplit('/', 1)[1]}"] = float(value)
         if "items/gone" in stats:  # rows the last node out marked gone (scraper.storage.gone)
             figures["gone"] = get("items/gone")
         return figures

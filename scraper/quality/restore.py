@@ -4,7 +4,8 @@ The guard judges a field once ``QUALITY_MIN_ITEMS`` items are in; the items befo
 stored as they came, so a few rows may have had a stored value overwritten with nothing. The
 history has each of those changes (``[old, null]``), so the last node out of a run that broke
 writes the old values back, only where the row still holds the blank, and records each
-restoration in the history (reason ``guard``).
+restoration in the history (reason ``guard``). The row's content hash is cleared: it was the
+blank's, and a later write of the same blank must be seen as the change it is.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Iterable
 from psycopg2 import sql
 
 from ..items.base import StoredItem
+from ..storage.revert import UNHASHED
 
 
 def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
@@ -44,7 +46,7 @@ def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[typ
                             AND c.changes->%(f)s->1 = 'null'::jsonb AND c.changes->%(f)s->0 <> 'null'::jsonb
                         ORDER BY c.key, c.id
                     ), restored AS (
-                        UPDATE {table} t SET {field} = (b.old #>> '{{}}')::{type}
+                        UPDATE {table} t SET {field} = (b.old #>> '{{}}')::{type}, content_hash = %(unhashed)s
                         FROM blanked b WHERE {match} AND t.spider = %(spider)s AND t.{field} IS NULL
                         RETURNING b.key, b.old
                     )
@@ -54,6 +56,6 @@ def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[typ
                     FROM restored r
                     """
                 ).format(table=ident(item_type.table), field=ident(field), type=sql.SQL(columns[field]), match=match),
-                    {"f": field, "table": item_type.table, "spider": spider, "run": run_id})
+                    {"f": field, "table": item_type.table, "spider": spider, "run": run_id, "unhashed": UNHASHED})
                 total += cur.rowcount
     return total

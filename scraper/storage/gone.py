@@ -26,6 +26,7 @@ from psycopg2.extras import execute_values
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..runs_hook import current_run_id, run_finished
+from . import held
 
 logger = logging.getLogger(__name__)
 
@@ -35,23 +36,41 @@ def key_digest(table: str, key: Iterable[Any]) -> str:
     return hashlib.sha1("\0".join([table, *(str(v) for v in key)]).encode("utf-8")).hexdigest()
 
 
-def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
-              run_id: int | None) -> int:
-    """Mark the *spider*'s rows whose key digest is not in *seen*; returns how many.
+def _unseen(conn: Any, spider: str, item_type: type[StoredItem], seen: set[str]) -> list[tuple[Any, ...]]:
+    """The keys of the *spider*'s live rows whose digest is not in *seen*.
 
     The digests are compared here rather than in SQL: Postgres has no built-in sha1. Only the
     keys of the spider's current rows are read, by a server-side cursor."""
+    ident = sql.Identifier
+    keys = sql.SQL(", ").join(map(ident, item_type.key))
+    with conn.cursor(name="gone_keys") as rows:
+        rows.itersize = 10_000
+        rows.execute(sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(
+            keys, ident(item_type.table)), (spider,))
+        return [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
+
+
+def hold_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
+              run_id: int) -> int:
+    """What :func:`mark_gone` would mark, held with the run instead (see :mod:`.held`)."""
+    seen = set(seen)
+    total = 0
+    with conn, conn.cursor() as cur:
+        held.ensure(cur)
+        for item_type in item_types:
+            total += held.hold_gone(cur, spider, run_id, item_type, _unseen(conn, spider, item_type, seen))
+    return total
+
+
+def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
+              run_id: int | None) -> int:
+    """Mark the *spider*'s rows whose key digest is not in *seen*; returns how many."""
     seen = set(seen)
     total = 0
     with conn, conn.cursor() as cur:
         for item_type in item_types:
             ident = sql.Identifier
-            keys = sql.SQL(", ").join(map(ident, item_type.key))
-            with conn.cursor(name="gone_keys") as rows:
-                rows.itersize = 10_000
-                rows.execute(sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(
-                    keys, ident(item_type.table)), (spider,))
-                missing = [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
+            missing = _unseen(conn, spider, item_type, seen)
             if not missing:
                 continue
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS _gone_keys (key jsonb) ON COMMIT DROP")
@@ -134,36 +153,45 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
     if writer is None or not last_out:
         return
     key = items_seen_key(spider)
-    held = f"{key}:closing:{uuid.uuid4().hex[:8]}"
+    taken: str | None = f"{key}:closing:{uuid.uuid4().hex[:8]}"
     try:
-        server.rename(key, held)
+        server.rename(key, taken)
     except Exception:  # no claims at all (nothing stored): nothing seen, and no key to take
-        held = None
+        taken = None
     try:
         if not run_finished(crawler, reason):
             logger.info("Run of %r did not finish (%s): nothing is marked gone", spider, reason)
             return
         broken = _run_broke(crawler, server, spider)
-        if broken:
-            logger.warning("Run of %r broke its data quality (%s): nothing is marked gone", spider, ", ".join(broken))
+        holding = bool(broken) and (crawler.settings.get("QUALITY_ON_BREAK") or "hold").strip().lower() != "continue"
+        if holding:
             _restore(crawler, writer, spider, broken)
-            return
-        if held is None or _mostly_failed(crawler.stats):
+        if taken is None or _mostly_failed(crawler.stats):
             logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)
             return
         # A thousand claims per round trip: Redis' default of ten made the last node's close
         # one round trip per ten items stored (460 for the 5,000-product demo shop).
         seen = (field.decode() if isinstance(field, bytes) else field
-                for field, _ in server.hscan_iter(held, count=1000))
+                for field, _ in server.hscan_iter(taken, count=1000))
+        run_id = current_run_id(crawler)
         conn = psycopg2.connect(writer.dsn)
         try:
-            gone = mark_gone(conn, spider, list(writer._types.values()), seen, current_run_id(crawler))
+            if holding:
+                kept = hold_gone(conn, spider, list(writer._types.values()), seen, run_id or 0)
+            else:
+                gone = mark_gone(conn, spider, list(writer._types.values()), seen, run_id)
         finally:
             conn.close()
+        if holding:
+            crawler.stats.set_value("quality/held_gone", kept)
+            logger.warning("Run of %r broke its data quality (%s): nothing is marked gone; %d gone-mark(s) held "
+                           "with run %s (scrapy runs %s --report %s, then --apply or --discard)",
+                           spider, ", ".join(broken), kept, run_id, spider, run_id)
+            return
         crawler.stats.set_value("items/gone", gone)
         logger.info("Run of %r finished: %d row(s) not seen in it marked gone", spider, gone)
     except Exception as exc:
         logger.error("Could not mark the rows of %r gone: %s", spider, exc)
     finally:
-        if held is not None:
-            server.delete(held)
+        if taken is not None:
+            server.delete(taken)

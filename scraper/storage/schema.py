@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from psycopg2 import sql
 
 from ..items.base import StoredItem
-from . import history
+from . import held, history
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ def migrate(conn: Any, item_types: Iterable[type[StoredItem]]) -> list[str]:
                 changes.append(f"created table {REJECTS_TABLE}")
             cur.execute(REJECTS_DDL)
             history.ensure(cur)
+            held.ensure(cur)
             for item_type in item_types:
                 changes.extend(_migrate_one(cur, item_type))
     for change in changes:

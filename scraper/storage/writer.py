@@ -39,7 +39,7 @@ from twisted.internet import defer, task
 from ..items.base import StoredItem
 from ..secrets import redact
 from ..worker_threads import defer_to_thread
-from . import history, schema
+from . import held, history, schema
 from .upsert import BatchResult, Row, TableUpserter
 
 logger = logging.getLogger(__name__)
@@ -443,6 +443,14 @@ def _last_per_key(rows: Any) -> list[Row]:
 
 
 def _write_rejects(cur: Any, rejects: list[dict[str, Any]]) -> None:
+    # The quality guard's held changes travel the rejects' path (same batching, same failure
+    # handling) and are told apart here.
+    held_records = [r for r in rejects if "held" in r]
+    if held_records:
+        held.write(cur, held_records)
+        rejects = [r for r in rejects if "held" not in r]
+        if not rejects:
+            return
     unique = {r["id"]: r for r in rejects}
     execute_values(
         cur,

@@ -1,0 +1,106 @@
+"""The live quality guard with two workers: a broken run holds, and its held changes are applied,
+discarded or reverted, each checked row by row against the table and in the history.
+
+The demo shop redesigns half its product pages (prices and brands under new classes). A run of
+two workers on it must leave every stored row as it was; `--discard` leaves the table and the
+history as if the run never happened; `--apply` leaves them as a run that did not hold
+(`QUALITY_ON_BREAK=continue`) would have; `--revert` undoes an applied run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import crawl_env, run_scrapy, run_scrapy_many
+from scraper.demo_site import Catalog, DemoSite
+
+PRODUCTS = 40
+COLUMNS = "sku, title, brand, price, currency, url, category, availability, released_at, gone_at IS NOT NULL"
+
+
+def rows(query: Any) -> list[tuple[Any, ...]]:
+    return query(f"SELECT {COLUMNS} FROM products ORDER BY sku")
+
+
+def changes(query: Any, run_id: int | None = None) -> list[tuple[Any, ...]]:
+    where = "" if run_id is None else f"WHERE run_id = {int(run_id)}"
+    return query(f"SELECT item_table, key::text, kind, reason, run_id, changes::text FROM item_changes {where} "
+                 "ORDER BY id")
+
+
+def crawl(env: dict[str, str], workers: int = 1) -> list[str]:
+    results = run_scrapy_many(env, *[("crawl", "demo")] * workers)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return [r.stderr for r in results]
+
+
+def runs(env: dict[str, str], *args: str) -> str:
+    result = run_scrapy(env, "runs", "demo", *args)
+    assert result.returncode == 0, (result.stdout, result.stderr[-3000:])
+    return result.stdout
+
+
+def test_a_broken_run_of_two_workers_holds_then_discard_apply_and_revert(clean) -> None:
+    with DemoSite(Catalog(products=PRODUCTS), delay_ms=20) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", QUALITY_GUARD_POLL="0.2")
+        crawl(env)
+        crawl(env)
+        good = rows(clean.query)
+        assert len(good) >= 30 and all(r[2] for r in good) and not any(r[-1] for r in good)
+        history_good = changes(clean.query)
+
+        site.break_layout(0.5)
+        logs = crawl(env, workers=2)
+        # Every node holds: the break is said by the one that saw it and by the other, which learnt it.
+        assert any("seen by this node" in log for log in logs), [log[-2000:] for log in logs]
+        assert all("Data quality broke in this run" in log for log in logs), [log[-2000:] for log in logs]
+        # Row by row, nothing a stored row holds changed: no brand blanked, no price lost, nothing gone.
+        assert rows(clean.query) == good
+        held = dict(clean.query("SELECT kind, count(*) FROM held_changes WHERE run_id = 3 GROUP BY kind"))
+        assert held.get("item", 0) > 0 and held.get("gone", 0) > 0, held
+        report = runs(env, "--report", "3")
+        assert "DEGRADED" in report.splitlines()[0] and "Held by run 3 (its quality broke)" in report, report
+        assert "--apply 3" in report
+
+        # --discard: the table and the history as if run 3 had never held anything.
+        before_discard = changes(clean.query)
+        assert "held change(s) dropped" in runs(env, "--discard", "3")
+        assert clean.query("SELECT count(*) FROM held_changes")[0][0] == 0
+        assert rows(clean.query) == good and changes(clean.query) == before_discard
+
+        # Run 4, broken the same way, holds again; --apply writes what it held.
+        crawl(env)
+        assert rows(clean.query) == good
+        applied = runs(env, "--apply", "4")
+        assert "row(s) written" in applied, applied
+        after_apply = rows(clean.query)
+        assert after_apply != good
+        blanked = {r[0] for r in after_apply if not r[2]}
+        gone = {r[0] for r in after_apply if r[-1]}
+        assert blanked and gone, (blanked, gone)
+        assert clean.query("SELECT count(*) FROM item_changes WHERE run_id = 4 AND reason = 'apply'")[0][0] > 0
+        assert clean.query("SELECT count(*) FROM held_changes")[0][0] == 0
+
+        # --revert 4: every row as before run 4, and the undo recorded in the history.
+        reverted = runs(env, "--revert", "4")
+        assert "reverted:" in reverted, reverted
+        assert rows(clean.query) == good
+        assert clean.query("SELECT count(*) FROM item_changes WHERE run_id = 4 AND reason = 'revert'")[0][0] > 0
+        again = run_scrapy(env, "runs", "demo", "--revert", "4")
+        assert again.returncode == 1 and "reverted already" in again.stderr
+
+        # What --apply wrote is what a run that does not hold writes (QUALITY_ON_BREAK=continue).
+        crawl({**env, "QUALITY_ON_BREAK": "continue"})
+        assert rows(clean.query) == after_apply
+        assert clean.query("SELECT count(*) FROM held_changes")[0][0] == 0
+        assert history_good == changes(clean.query)[:len(history_good)]
+
+
+def test_apply_and_revert_refuse_what_they_cannot_do(clean) -> None:
+    env = crawl_env(clean)
+    both = run_scrapy(env, "runs", "demo", "--apply", "1", "--discard", "1")
+    assert both.returncode == 2 and "one spider and one run" in both.stderr
+    nothing = run_scrapy(env, "runs", "demo", "--apply", "7")
+    assert nothing.returncode == 0 and "holds no changes" in nothing.stdout
