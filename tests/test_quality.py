@@ -26,10 +26,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def checks(query, run_id: int) -> dict[tuple[str, str], tuple[bool | None, str]]:
-    rows = query('SELECT "check", subject, passed, note FROM run_checks WHERE spider = %s AND run_id = %s',
+def checks(query, run_id: int) -> dict[tuple[str, str], tuple[bool | None, str, str]]:
+    rows = query('SELECT "check", subject, passed, note, observed FROM run_checks WHERE spider = %s AND run_id = %s',
                  ("demo", run_id))
-    return {(check, subject): (passed, note) for check, subject, passed, note in rows}
+    return {(check, subject): (passed, note, observed) for check, subject, passed, note, observed in rows}
 
 
 def crawl_run(env: dict[str, str], *args: str, expect_status: int = 0) -> str:
@@ -54,13 +54,14 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         second = crawl_run(env)
         assert "Data quality of run 2 of demo: OK (0 of" in second and "compared with run 1)" in second
         got = checks(clean.query, 2)
-        assert not [k for k, (passed, _) in got.items() if passed is False], got
+        assert not [k for k, (passed, *_) in got.items() if passed is False], got
         # Every run-over-run figure was compared, not skipped.
         for check in ("items_stored", "pages_per_item", "error_responses", "blocked_responses", "empty_responses",
                       "gone"):
             assert got[(check, "")][0] is True, (check, got)
         assert got[("coverage", "ProductItem.brand")][0] is True and got[("rejects", "price")][0] is True
-        assert got[("price_median", "USD")][0] is True
+        assert got[("price_pairs", "ProductItem.price")][0] is True
+        assert got[("price_pairs", "ProductItem.price")][1].startswith("0 of ")
 
         # The shop redesigns half its product pages: prices and brands move to new classes.
         rows_before = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
@@ -73,7 +74,7 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert "Data quality broke in this run (seen by this node): field coverage ProductItem." in broken
         assert "nothing is marked gone" in broken
         got = checks(clean.query, 3)
-        failed = {k for k, (passed, _) in got.items() if passed is False}
+        failed = {k for k, (passed, *_) in got.items() if passed is False}
         assert {("items_stored", ""), ("guard", "ProductItem.brand"), ("rejects", "price")} <= failed, got
         # The guard held: no stored brand blanked, no row the site still serves marked gone.
         rows_after = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
@@ -94,6 +95,11 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert got[("coverage", "ProductItem.title")][0] is not False
         assert got[("coverage", "ProductItem.released_at")][0] is not False
         assert ("guard", "ProductItem.title") not in got
+        # Every price stored is right: compared item by item (here fewer than QUALITY_MIN_ITEMS
+        # pairs: skipped), no false alarm.
+        assert got[("price_pairs", "ProductItem.price")][0] is not False, got
+        affected = clean.query("SELECT affected FROM run_quality WHERE run_id = 3")[0][0]
+        assert "ProductItem.brand" in affected and "price" in affected, affected
         assert clean.query("SELECT run_id, outcome, baseline FROM run_quality ORDER BY run_id") == [
             (1, "ok", []), (2, "ok", [1]), (3, "degraded", [2, 1])]
 

@@ -104,3 +104,24 @@ def test_apply_and_revert_refuse_what_they_cannot_do(clean) -> None:
     assert both.returncode == 2 and "one spider and one run" in both.stderr
     nothing = run_scrapy(env, "runs", "demo", "--apply", "7")
     assert nothing.returncode == 0 and "holds no changes" in nothing.stdout
+
+
+def test_prices_are_compared_item_by_item_and_a_shrunk_run_marks_its_rows_gone(clean) -> None:
+    with DemoSite(Catalog(products=PRODUCTS)) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, QUALITY_ON_BREAK="continue")
+        crawl(env)
+        # Stored prices 1000x off (what a misread thousands separator does): the next run reads
+        # them right, and item by item every known price jumped.
+        clean.query("UPDATE products SET price = price * 1000, content_hash = md5(sku)")
+        crawl(env)
+        (passed, note), = clean.query("SELECT passed, note FROM run_checks WHERE run_id = 2 "
+                                      "AND \"check\" = 'price_pairs' AND subject = 'ProductItem.price'")
+        # (One product is free: 0 stays 0.)
+        assert passed is False and note.startswith("35 of 36 prices"), note
+        assert "ProductItem.price" in clean.query("SELECT affected FROM run_quality WHERE run_id = 2")[0][0]
+        # A category gone on purpose is no break: its rows are marked gone.
+        removed = site.remove(8)
+        crawl(env)
+        gone = clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0]
+        assert gone == len(removed) == 8
+        assert not clean.query("SELECT 1 FROM held_changes")

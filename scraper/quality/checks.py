@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from statistics import mean, median
 from typing import Iterable
 
-from . import coverage, prices
+from . import coverage
 from .settings import QualitySettings
 
 NO_BASELINE = "skipped: no finished run to compare with"
@@ -167,26 +167,6 @@ def check_responses(current: Figures, baseline: list[Figures], conf: QualitySett
                     observed <= base + conf.responses_rise + 1e-9, f"share of responses; median {base:.1%}")
 
 
-def check_prices(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
-    before = [prices.medians(f) for f in baseline]
-    for currency, (value, count) in sorted(prices.medians(current).items()):
-        if count < conf.min_items:
-            yield _skip("price_median", currency,
-                        f"skipped: {count} prices, fewer than QUALITY_MIN_ITEMS={conf.min_items}")
-            continue
-        known = [m[currency][0] for m in before if currency in m]
-        if not known:
-            yield _skip("price_median", currency, NO_BASELINE)
-            continue
-        base = median(known)
-        if base <= 0:
-            yield _skip("price_median", currency, "skipped: the baseline's median is 0")
-            continue
-        shift = abs(value - base) / base
-        yield Check("price_median", currency, f"{base:.2f} +/- {conf.price_shift:.0%}", f"{value:.2f}",
-                    shift <= conf.price_shift + 1e-9, f"shift {shift:.0%}")
-
-
 def run_checks(current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations],
                conf: QualitySettings) -> list[Check]:
     """Every check of a finished run; *baseline* holds the figures of its last finished runs."""
@@ -197,7 +177,6 @@ def run_checks(current: Figures, baseline: list[Figures], expectations: dict[str
         *check_gone(current, baseline, conf),
         *check_pages_per_item(current, baseline, conf),
         *check_responses(current, baseline, conf),
-        *check_prices(current, baseline, conf),
     ]
 
 

@@ -1,6 +1,6 @@
 """The data-quality extension: count as the run stores, check the run when it finishes.
 
-Per node and in memory: field coverage and prices of the items stored (``item_scraped``, sent
+Per node and in memory: field coverage of the items stored (``item_scraped``, sent
 only once an item's row is committed), and how responses went (``response_received``: errors,
 blocks, empty bodies). Every ``RUNS_REPORT_INTERVAL`` seconds and at close the node writes its
 snapshot to the run's quality figures in Redis (:mod:`.figures`), with its rejects per field,
@@ -8,7 +8,8 @@ pages and stored items.
 
 The node that finishes the run (the last one out, its queue empty, see
 :mod:`scraper.runs.state`) sums every node's figures and runs the checks against the spider's
-last ``QUALITY_BASELINE_RUNS`` checked runs, logs the report, writes it to Postgres and marks
+last ``QUALITY_BASELINE_RUNS`` checked runs (prices pair by pair from the history, see
+:mod:`.pairs`), logs the report, writes it to Postgres and marks
 the run ``degraded`` if a check failed. A run that stopped (Ctrl-C, a close reason other than
 ``finished``) is not checked and so never becomes a baseline; a stopped run that is resumed
 is checked when it finishes. With ``QUALITY_FAIL_EXIT`` a degraded run makes ``scrapy crawl``
@@ -37,8 +38,8 @@ from . import figures as run_figures
 from . import report, store
 from .checks import Check, ItemExpectations, outcome, run_checks
 from .guard import run_break
+from .pairs import price_checks
 from .coverage import CoverageCounter
-from .prices import PriceHistogram
 from .settings import EXIT_STATUS, QualitySettings, check_declared_coverage, declared_coverage, read_settings
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ class QualityMonitor:
         self.conf = conf
         self.interval = interval
         self.coverage = CoverageCounter()
-        self.prices = PriceHistogram()
         self.responses: Counter[str] = Counter()
         self.baseline: list[tuple[int, dict[str, float]]] = []
         #: The last checked run of the spider: (run id, outcome, failed checks), for the metrics.
@@ -78,7 +78,6 @@ class QualityMonitor:
     def item_scraped(self, item: Any) -> None:
         if isinstance(item, StoredItem):
             self.coverage.add(item)
-            self.prices.add(item)
 
     def response_received(self, response: Any, request: Any) -> None:
         self.responses["total"] += 1
@@ -95,7 +94,7 @@ class QualityMonitor:
         get = lambda key: float(stats.get(key, 0) or 0)  # noqa: E731
         exceptions = get("downloader/exception_count")
         figures = {
-            **self.coverage.figures(), **self.prices.figures(),
+            **self.coverage.figures(),
             "items/stored": get("postgres/inserted") + get("postgres/updated") + get("postgres/unchanged"),
             "items/rejected": get("item_rejected_count"),
             "pages": get("response_received_count"),
@@ -185,6 +184,7 @@ class QualityMonitor:
                 current["gone"] = gone
             baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
             checks = run_checks(current, [f for _, f in baseline], expectations(spider, current, baseline), self.conf)
+            checks += price_checks(conn, spider.name, run_id, stored_item_types(), current, self.conf)
             checks += guard_checks(run_break(scheduler.server, spider.name, run_id))
             result = outcome(checks)
             store.save(conn, spider.name, run_id, result, [r for r, _ in baseline], current, checks)

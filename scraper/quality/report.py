@@ -20,11 +20,16 @@ def render(spider: str, run_id: int, outcome: str, baseline: list[int], checks: 
         note = c.note if not detail else f"  ({c.note})" if c.note else ""
         lines.append(f"  {_MARK[c.status]}  {_name(c):{width}}  {detail}{note}")
     if failed:
-        named = sorted({c.subject for c in failed if c.subject})
+        named = affected(checks)
         lines.append(f"  failed: {', '.join(_name(c) for c in failed)}")
         if named:
             lines.append(f"  affected: {', '.join(named)}")
     return "\n".join(lines)
+
+
+def affected(checks: list[Check]) -> list[str]:
+    """What the failed checks name: fields (``Type.field`` or a rejected field) and currencies."""
+    return sorted({c.subject for c in checks if c.passed is False and c.subject})
 
 
 def _name(c: Check) -> str:

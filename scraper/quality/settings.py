@@ -29,7 +29,8 @@ class QualitySettings:
     gone_spike: float = 0.1  # more than this share of the baseline's items gone at once fails
     pages_per_item_rise: float = 0.5  # pages per stored item up by more than this share fails
     responses_rise: float = 0.05  # share of error, blocked or empty responses up by more fails
-    price_shift: float = 0.25  # a currency's median price moved by more than this share fails
+    price_shift: float = 0.25  # a price that moved by more than this share run over run jumped
+    price_jumps: float = 0.1  # more than this share of an item type's known prices jumped fails
     fail_exit: bool = True  # `scrapy crawl` exits with status 3 when its run is degraded
 
 
@@ -54,6 +55,7 @@ def read_settings(settings: BaseSettings) -> QualitySettings:
         pages_per_item_rise=_fraction(settings, "QUALITY_PAGES_PER_ITEM_RISE", d.pages_per_item_rise, top=None),
         responses_rise=_fraction(settings, "QUALITY_RESPONSES_RISE", d.responses_rise),
         price_shift=_fraction(settings, "QUALITY_PRICE_SHIFT", d.price_shift, top=None),
+        price_jumps=_fraction(settings, "QUALITY_PRICE_JUMPS", d.price_jumps),
         fail_exit=get_bool(settings, "QUALITY_FAIL_EXIT", d.fail_exit),
     )
 

@@ -1,7 +1,8 @@
 """The quality record of each checked run in Postgres.
 
 ``run_quality``: one row per run that was checked, with its outcome (``ok`` or ``degraded``),
-the runs it was compared with and its summed quality figures, which later runs read as their
+the fields and currencies its failed checks name (``affected``), the runs it was compared with
+and its summed quality figures, which later runs read as their
 baseline (Redis keeps a run's figures a week; a baseline may be older). ``run_checks``: one row
 per check of that run (check, subject, expected, observed, passed; passed is null when the check
 was skipped, with the reason in ``note``). Only runs that finished normally are checked, so a
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg2
 
 from .checks import Check
+from .report import affected
 
 DDL = """
 CREATE TABLE IF NOT EXISTS run_quality (
@@ -25,6 +27,7 @@ CREATE TABLE IF NOT EXISTS run_quality (
     baseline  integer[] NOT NULL DEFAULT '{}',
     figures   jsonb NOT NULL,
     checked   timestamptz NOT NULL DEFAULT now(),
+    affected  text[] NOT NULL DEFAULT '{}',
     PRIMARY KEY (spider, run_id)
 );
 CREATE TABLE IF NOT EXISTS run_checks (
@@ -51,10 +54,14 @@ def connect(dsn: str) -> Any:
 
 def ensure_tables(conn: Any) -> None:
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('run_checks') IS NOT NULL")
-        if not cur.fetchone()[0]:
+        cur.execute("SELECT to_regclass('run_checks') IS NOT NULL, EXISTS (SELECT 1 FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = 'run_quality' AND column_name = 'affected')")
+        tables, has_affected = cur.fetchone()
+        if not tables or not has_affected:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             cur.execute(DDL)
+            # Tables made before the column: the fields a failed check affects, queryable.
+            cur.execute("ALTER TABLE run_quality ADD COLUMN IF NOT EXISTS affected text[] NOT NULL DEFAULT '{}'")
 
 
 def save(conn: Any, spider: str, run_id: int, outcome: str, baseline: list[int], figures: dict[str, float],
@@ -63,10 +70,11 @@ def save(conn: Any, spider: str, run_id: int, outcome: str, baseline: list[int],
     ensure_tables(conn)
     with conn, conn.cursor() as cur:
         cur.execute(
-            "INSERT INTO run_quality (spider, run_id, outcome, baseline, figures) VALUES (%s, %s, %s, %s, %s) "
+            "INSERT INTO run_quality (spider, run_id, outcome, baseline, figures, affected) "
+            "VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (spider, run_id) DO UPDATE SET outcome = EXCLUDED.outcome, baseline = EXCLUDED.baseline, "
-            "figures = EXCLUDED.figures, checked = now()",
-            (spider, run_id, outcome, baseline, json.dumps(figures)),
+            "figures = EXCLUDED.figures, affected = EXCLUDED.affected, checked = now()",
+            (spider, run_id, outcome, baseline, json.dumps(figures), affected(checks)),
         )
         cur.execute("DELETE FROM run_checks WHERE spider = %s AND run_id = %s", (spider, run_id))
         for position, c in enumerate(checks):
