@@ -134,6 +134,16 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert metric(text, "scraper_field_coverage", field="title") == 1.0
         assert metric(text, "scraper_quality_last_run_degraded", spider="demo", run="3") == 1.0
         assert metric(text, "scraper_quality_last_run_failed_checks", spider="demo") >= 3
+
+        def guard_broken() -> str | None:
+            try:
+                text = fetch(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                return None
+            return text if metric(text, "scraper_quality_guard_broken", spider="demo") == 1.0 else None
+
+        text = wait_for(guard_broken, timeout=60)
+        assert metric(text, "scraper_quality_held_items_total", spider="demo") >= 0
         log = crawl.communicate(timeout=120)[1]
         assert crawl.returncode == 0 and "Data quality of run 4 of demo: DEGRADED" in log, log[-3000:]
 

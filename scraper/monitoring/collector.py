@@ -109,6 +109,10 @@ class CrawlCollector(Collector):
                        dead)
         yield _counter("scraper_redis_write_refusals", "Writes Redis refused (OOM, READONLY, MISCONF); the crawl "
                        "waits them out.", ["spider"], {(s,): get("redis/write_refusals")})
+        yield _gauge("scraper_quality_guard_broken", "1 once the live quality guard found a field's coverage "
+                     "broken in this process' run (QUALITY_ON_BREAK says what follows).", s, get("quality/break"))
+        yield _counter("scraper_quality_held_items", "Items held by the live quality guard (not stored; see "
+                       "scrapy runs SPIDER --report RUN).", ["spider"], {(s,): get("quality/held_items")})
         yield _counter("scraper_politeness_wait_seconds", "Time requests waited for the fleet's per-site limits.",
                        ["spider"], {(s,): get("politeness/wait_seconds")})
 
