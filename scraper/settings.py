@@ -114,8 +114,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``PROCESSING_BATCH``        Entries a processor reads per round trip (16).
 ``QUALITY_ENABLED``         Check each finished run's data quality (true); see README, Data quality.
 ``QUALITY_BASELINE_RUNS``   A finished run is compared with the spider's last N checked runs (5).
-``QUALITY_MIN_ITEMS``       Fewer stored items of a type (or prices of a currency): their coverage
-                            (price median) is not judged (10).
+``QUALITY_MIN_ITEMS``       Fewer stored items of a type (or prices seen before): their coverage
+                            (price pairs) is not judged (10).
 ``QUALITY_COVERAGE_TOLERANCE``  A field with no declared expectation fails below its average
                             coverage over the baseline less this (0.1).
 ``QUALITY_ITEMS_DROP``      Items stored may drop by this share of the baseline's median (0.2).
@@ -127,10 +127,14 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``QUALITY_PRICE_JUMPS``     At most this share of an item type's prices seen before may jump (0.1).
 ``QUALITY_FAIL_EXIT``       ``scrapy crawl`` exits with status 3 when its run is degraded (true;
                             0 keeps exit 0 for schedulers that must not see it).
-``QUALITY_ON_BREAK``        What a run does when the live guard sees a field's coverage break:
-                            ``hold`` (default: items without the field are held, nothing is
-                            marked gone), ``stop`` (close the spider), ``continue``.
-``QUALITY_GUARD_POLL``      Seconds between two looks of each node at the fleet's break (2).
+``QUALITY_ON_BREAK``        What a run does when the live guard sees a field's coverage break
+                            or its rejects spike: ``hold`` (default: items without the field
+                            are held with the run, nothing is marked gone; see ``scrapy runs
+                            --report/--apply/--discard``), ``stop`` (close the spider),
+                            ``continue``.
+``QUALITY_GUARD_POLL``      Seconds between two looks of each node at the fleet's break and at
+                            the rejects (2).
+``QUALITY_GUARD_WINDOW``    The live guard judges the last this many items of a type (200).
 ``LOG_LEVEL``               Scrapy's log level (INFO).
 ``PSQL``                    The psql ``scrapy dbshell`` runs (default: the one bundled with the
                             embedded Postgres for it, else the system's).
@@ -278,6 +282,7 @@ QUALITY_PRICE_JUMPS = _env("QUALITY_PRICE_JUMPS", "0.1")
 QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "true")
 QUALITY_ON_BREAK = _env("QUALITY_ON_BREAK", "hold")
 QUALITY_GUARD_POLL = _env("QUALITY_GUARD_POLL", "2")
+QUALITY_GUARD_WINDOW = _env("QUALITY_GUARD_WINDOW", "200")
 
 # Scrapy's in-memory stats without the per-call deprecation shim (see scraper/stats.py).
 STATS_CLASS = "scraper.stats.StatsCollector"

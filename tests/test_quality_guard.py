@@ -9,6 +9,7 @@ history as if the run never happened; `--apply` leaves them as a run that did no
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from conftest import crawl_env, run_scrapy, run_scrapy_many
@@ -125,3 +126,24 @@ def test_prices_are_compared_item_by_item_and_a_shrunk_run_marks_its_rows_gone(c
         gone = clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0]
         assert gone == len(removed) == 8
         assert not clean.query("SELECT 1 FROM held_changes")
+
+
+def test_a_spike_of_rejects_holds_the_gone_marks_of_their_live_rows(clean) -> None:
+    # Only the price moves in the new layout: the items of those pages are rejected (price is
+    # required), no optional field's coverage moves, and the rejects alone must break the run.
+    with DemoSite(Catalog(products=PRODUCTS), delay_ms=10) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, QUALITY_GUARD_POLL="0.2", CONCURRENT_REQUESTS="2")
+        crawl(env)
+        crawl(env)
+        good = rows(clean.query)
+        site.break_layout(0.5, parts=("price",))
+        log, = crawl(env)
+        said = re.search(r"Data quality broke in this run \(seen by this node\): items rejected for (.*); holding", log)
+        assert said and "price " in said.group(1), log[-3000:]
+        assert rows(clean.query) == good  # no row the site still serves marked gone
+        held = clean.query("SELECT count(*) FROM held_changes WHERE run_id = 3 AND kind = 'gone'")[0][0]
+        rejected = clean.query("SELECT count(DISTINCT url) FROM rejects WHERE reasons LIKE 'price%%'")[0][0]
+        assert held > 0 and held <= rejected, (held, rejected)
+        (passed, expected), = clean.query("SELECT passed, expected FROM run_checks WHERE run_id = 3 "
+                                          "AND \"check\" = 'guard' AND subject = 'rejects/price'")
+        assert passed is False and expected.startswith("<= "), expected

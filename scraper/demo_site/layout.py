@@ -23,13 +23,13 @@ def redesigned(product: Product, part: str, share: float) -> bool:
     return zlib.crc32(f"{part}:{product.id}".encode()) % 10_000 < share * 10_000
 
 
-def apply(page: Page, product: Product, share: float) -> Page:
-    """*page* (the product's page) in the new layout where *share* says so."""
+def apply(page: Page, product: Product, share: float, parts: tuple[str, ...] = tuple(RENAMES)) -> Page:
+    """*page* (the product's page) in the new layout where *share* says so (of *parts* alone)."""
     if share <= 0 or page.status != 200:
         return page
     body = page.body
     for part, (old, new) in RENAMES.items():
-        if redesigned(product, part, share):
+        if part in parts and redesigned(product, part, share):
             body = body.replace(old, new)
     if body is page.body:
         return page

@@ -89,9 +89,10 @@ class _Renderer:
     of old and new pages and the cache never needs invalidating.
     """
 
-    def __init__(self, catalog: Catalog, break_layout: float = 0.0) -> None:
+    def __init__(self, catalog: Catalog, break_layout: float = 0.0, parts: tuple[str, ...] = tuple(layout.RENAMES)) -> None:
         self.catalog = catalog
         self.break_layout = break_layout
+        self.parts = parts
         self._cache: dict[_RouteKey, Page] = {}
 
     def page(self, path: str, query: str) -> Page:
@@ -118,7 +119,7 @@ class _Renderer:
         if kind == "product":
             product = self.catalog.product(key[1])
             assert product is not None
-            return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout)
+            return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout, self.parts)
         if kind == "section":
             return render_section(self.catalog, key[1], key[2])
         if kind == "redirect":
@@ -226,7 +227,7 @@ class DemoSite:
         with self._lock:
             current = self._renderer.catalog
             if count != current.reprice:
-                self._renderer = _Renderer(current.with_reprice(count), self._renderer.break_layout)
+                self._renderer = _Renderer(current.with_reprice(count), self._renderer.break_layout, self._renderer.parts)
             return list(self._renderer.catalog.repriced_ids)
 
     def remove(self, count: int) -> list[int]:
@@ -237,13 +238,14 @@ class DemoSite:
             base = current.with_removed(())
             ids = tuple(p.id for p in base.valid_products() if p.kind is None)[:count]
             if ids != current.removed:
-                self._renderer = _Renderer(current.with_removed(ids), self._renderer.break_layout)
+                self._renderer = _Renderer(current.with_removed(ids), self._renderer.break_layout, self._renderer.parts)
             return list(ids)
 
-    def break_layout(self, share: float) -> None:
-        """From now on serve *share* of the product pages in the new layout (see layout.py)."""
+    def break_layout(self, share: float, parts: tuple[str, ...] = tuple(layout.RENAMES)) -> None:
+        """From now on serve *share* of the product pages in the new layout (see layout.py), for
+        the *parts* named (``price``, ``brand``)."""
         with self._lock:
-            self._renderer = _Renderer(self._renderer.catalog, share)
+            self._renderer = _Renderer(self._renderer.catalog, share, parts)
 
     def record(self, target: str) -> None:
         with self._lock:

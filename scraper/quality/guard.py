@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+from collections import deque
+from statistics import median
 from typing import Any
 
-from ..config import ConfigError, get_float
 from scrapy.utils.defer import deferred_from_coro
+from twisted.internet import task
+
+from ..config import ConfigError, get_float, get_int
 
 from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -39,12 +42,16 @@ from ..pipelines.unstored import set_aside
 from ..runs_hook import current_run_id
 from ..storage import held
 from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from .checks import _reject_fields, _reject_share
 from .coverage import filled
 from .settings import EXIT_STATUS, read_settings
 
 logger = logging.getLogger(__name__)
 
 MODES = ("hold", "stop", "continue")
+# A rejects break's name ("rejects/price"); the stats of rejects per field.
+_REJECTS = "rejects/"
+_REASONS = "item_rejected_reasons/"
 CLOSE_REASON = "quality_break"
 # How many items between two looks at the coverage: the look walks the fields, a count does not.
 _EVERY = 10
@@ -88,7 +95,15 @@ class QualityGuardPipeline:
         self._held_fields: dict[str, tuple[str, ...]] = {}  # item type name -> its broken fields
         self._said = False
         self._rejects: Any = None
-        self._next_poll = 0.0
+        # Judged over the last QUALITY_GUARD_WINDOW items (a break halfway through a long run
+        # shows at once, not once it has outweighed everything before it): snapshots of the
+        # counts every _EVERY items, per type; and of the valid and rejected items per look.
+        self.window = get_int(crawler.settings, "QUALITY_GUARD_WINDOW", 200, minimum=_EVERY)
+        self._snapshots: dict[type, deque[tuple[int, dict[str, int]]]] = {}
+        self._valid = 0
+        self._reject_snapshots: deque[tuple[int, int, dict[str, int]]] = deque(maxlen=1000)
+        self._reject_limits: dict[str, float] | None = None
+        self._loop: Any = None
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "QualityGuardPipeline":
@@ -112,9 +127,22 @@ class QualityGuardPipeline:
 
     # --- per item ---------------------------------------------------------------------------
 
+    def open_spider(self) -> None:
+        if self.enabled:
+            # The fleet's break and the rejects are looked at on a timer: a run whose every item
+            # is rejected sends none here.
+            self._loop = task.LoopingCall(self._tick)
+            self._loop.start(self.poll, now=False)
+
+    def _tick(self) -> None:
+        self._read_fleet()
+        if not (self.mode == "continue" and self.held):
+            self._look_rejects()
+
     def process_item(self, item: Any) -> Any:
         if not self.enabled or self.mode == "continue" and self.held or not isinstance(item, StoredItem):
             return item
+        self._valid += 1
         kind = type(item)
         expected = self._expectations(kind)
         if not expected:
@@ -130,10 +158,6 @@ class QualityGuardPipeline:
                 fields[field] += 1
         if entry[0] % _EVERY == 0 or entry[0] == self.min_items:
             self._look(kind, entry, expected)
-        now = time.monotonic()
-        if now >= self._next_poll:
-            self._next_poll = now + self.poll
-            self._read_fleet()
         held = self._held_fields.get(kind.__name__)
         if held and self.mode == "hold":
             missing = [f for f in held if not filled(values.get(f))]
@@ -157,6 +181,8 @@ class QualityGuardPipeline:
         raise DropItem(f"Held ({'; '.join(reasons)})", log_level="INFO")
 
     def close_spider(self) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
         # A node that stored its last item before the break was written still says it: the
         # run it belongs to broke, and its operator reads this node's log too.
         if self.enabled:
@@ -169,11 +195,59 @@ class QualityGuardPipeline:
 
     def _look(self, kind: type, entry: list[Any], expected: dict[str, float]) -> None:
         items, fields = entry
-        if items < self.min_items:
+        snapshots = self._snapshots.get(kind)
+        if snapshots is None:
+            snapshots = self._snapshots[kind] = deque(maxlen=self.window // _EVERY + 1)
+        # The window starts at the oldest snapshot once the run is longer than the window.
+        start, before = snapshots[0] if len(snapshots) == snapshots.maxlen else (0, {})
+        snapshots.append((items, dict(fields)))
+        count = items - start
+        if count < self.min_items:
             return
-        broken = {f"{kind.__name__}.{f}": [round(fields[f] / items, 4), e]
-                  for f, e in expected.items() if fields[f] / items < e - 1e-9
+        broken = {f"{kind.__name__}.{f}": [round((fields[f] - before.get(f, 0)) / count, 4), e]
+                  for f, e in expected.items() if (fields[f] - before.get(f, 0)) / count < e - 1e-9
                   and f"{kind.__name__}.{f}" not in self.held}
+        if broken:
+            self._break(broken, source="this node")
+
+    def _limits(self) -> dict[str, float]:
+        """Field -> the share of items rejected for it the baseline runs allow (their median plus
+        ``QUALITY_REJECTS_RISE``); empty without a baseline (nothing says what is normal)."""
+        if self._reject_limits is None:
+            monitor = getattr(self.crawler, "_quality_monitor", None)
+            baseline = [f for _, f in monitor.baseline] if monitor is not None else []
+            limits: dict[str, float] = {}
+            if baseline:
+                fields = set().union(*(_reject_fields(f) for f in baseline))
+                limits = {f: median(_reject_share(b, f) for b in baseline) for f in fields}
+            self._reject_limits = limits
+            self._rise = read_settings(self.crawler.settings).rejects_rise
+        return self._reject_limits
+
+    def _look_rejects(self) -> None:
+        """A field's share of rejected items over the window above the baseline's breaks the run:
+        the pages whose items are rejected still hold live rows, which must not be marked gone."""
+        stats = self.crawler.stats.get_stats()
+        rejected = int(stats.get("item_rejected_count", 0) or 0)
+        by_field = {k[len(_REASONS):]: int(v) for k, v in stats.items() if k.startswith(_REASONS)}
+        self._reject_snapshots.append((self._valid, rejected, by_field))
+        total = self._valid + rejected
+        # The newest snapshot at least a window back, else the run's start.
+        start = (0, 0, {})
+        for snap in reversed(self._reject_snapshots):
+            if total - snap[0] - snap[1] >= self.window:
+                start = snap
+                break
+        count = total - start[0] - start[1]
+        if count < self.min_items or not self._limits():
+            return
+        broken = {}
+        for field, n in by_field.items():
+            share = (n - start[2].get(field, 0)) / count
+            limit = self._reject_limits.get(field, 0.0) + self._rise
+            name = f"{_REJECTS}{field}"
+            if share > limit + 1e-9 and name not in self.held:
+                broken[name] = [round(share, 4), round(limit, 4)]
         if broken:
             self._break(broken, source="this node")
 
@@ -193,8 +267,9 @@ class QualityGuardPipeline:
         self.held.update(broken)
         by_type: dict[str, list[str]] = {}
         for name in self.held:
-            type_name, field = name.split(".", 1)
-            by_type.setdefault(type_name, []).append(field)
+            if "." in name:  # a coverage break; a rejects break holds no item (they are rejects)
+                type_name, field = name.split(".", 1)
+                by_type.setdefault(type_name, []).append(field)
         self._held_fields = {name: tuple(fields) for name, fields in by_type.items()}
         stats = self.crawler.stats
         stats.set_value("quality/break", 1)
@@ -209,11 +284,15 @@ class QualityGuardPipeline:
                 pipe.execute()
             except Exception as exc:
                 logger.error("Could not tell the fleet that the run's quality broke: %s", exc)
-        shown = ", ".join(f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()))
+        coverage = [f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()) if not k.startswith(_REJECTS)]
+        rejects = [f"{k[len(_REJECTS):]} {v[0]:.0%} > {v[1]:.0%}" for k, v in sorted(broken.items())
+                   if k.startswith(_REJECTS)]
+        shown = "; ".join(([f"field coverage {', '.join(coverage)}"] if coverage else []) +
+                          ([f"items rejected for {', '.join(rejects)}"] if rejects else []))
         action = {"hold": "holding: items without these fields are held, nothing is marked gone",
                   "stop": "stopping the spider (QUALITY_ON_BREAK=stop)",
                   "continue": "continuing (QUALITY_ON_BREAK=continue)"}[self.mode]
-        logger.warning("Data quality broke in this run (seen by %s): field coverage %s; %s", source, shown, action)
+        logger.warning("Data quality broke in this run (seen by %s): %s; %s", source, shown, action)
         if self.mode == "stop" and not self._said:
             self._said = True
             stats.set_value("quality/outcome", "degraded")

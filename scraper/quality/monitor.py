@@ -263,6 +263,6 @@ def expectations(spider: Any, current: dict[str, float],
 def guard_checks(broken: dict[str, list[float]]) -> list[Check]:
     """The live guard's break as failed checks: the items it held are not stored, so the stored
     items' coverage alone would call the run healthy."""
-    return [Check("guard", name, f">= {expected:.2f}", f"{coverage:.2f}", False,
-                  "broke while the run went: its changes were held")
-            for name, (coverage, expected) in sorted(broken.items())]
+    return [Check("guard", name, f"{'<=' if name.startswith('rejects/') else '>='} {expected:.2f}", f"{observed:.2f}",
+                  False, "broke while the run went: its changes were held")
+            for name, (observed, expected) in sorted(broken.items())]

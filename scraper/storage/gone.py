@@ -7,7 +7,9 @@ every ``POSTGRES_LAST_SEEN_RESOLUTION`` to keep unchanged rows free. The claims 
 
 Only the last node out of a finished run marks anything, once, and only when the run
 completed (see :mod:`scraper.runs_hook`) and most of its pages did not fail: a run cut
-short would mark the whole unseen rest of the site gone. A row seen again later is upserted
+short would mark the whole unseen rest of the site gone. A run whose live quality guard broke
+(see :mod:`scraper.quality.guard`) holds its gone-marks with the run instead (unless
+``QUALITY_ON_BREAK=continue``): a layout break hides live rows. A row seen again later is upserted
 with ``gone_at`` cleared and a ``back`` history entry (see :mod:`scraper.storage.upsert`).
 """
 
