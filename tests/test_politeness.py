@@ -363,3 +363,31 @@ def test_each_download_takes_one_slot_and_gives_it_back(clean, tmp_path: Path) -
     # (or when the copy comes back): for every other way, a hook did it at once.
     assert stat(log, "politeness/released_by_gc") <= 4
     assert clean.redis().zcard(inflight_key("127.0.0.1")) == 0
+
+
+# -- adaptive rate: a site with a limit it does not announce ------------------------------------
+
+
+def adaptive_crawl(clean, limit: float, products: int, workers: int, **extra: str):
+    catalog = Catalog(products=products)
+    with DemoSite(catalog) as site:
+        site.limit_rate(limit)
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8", SCHEDULER_IDLE_TIMEOUT="3", **extra)
+        started = time.monotonic()
+        logs = finished([start_crawl(env) for _ in range(workers)])
+        took = time.monotonic() - started
+        stats = site.stats()
+    return catalog, logs, stats, took
+
+
+def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
+    limit = 20
+    catalog, logs, stats, took = adaptive_crawl(clean, limit, products=200, workers=2)
+    valid_rows(clean, catalog)  # every page stored: nothing lost to 429s
+    pages = len(catalog.pages())
+    throttled = stats["throttled"]
+    assert throttled <= 0.05 * stats["total"], (throttled, stats["total"])
+    assert not [log for log in logs if stat(log, "dead_letters/count")], [log[-2000:] for log in logs]
+    assert any("throttles the fleet (429/503)" in log for log in logs)
+    # The fleet found the limit: pages/s within reach of it (the start and the end are slower).
+    assert pages / took >= 0.6 * limit, (pages, took)

@@ -158,6 +158,11 @@ class DemoSite:
         self._arrivals: deque[float] = deque(maxlen=1_000_000)
         self._in_flight = 0
         self._max_in_flight = 0
+        # A limit the shop does not announce (requests per second from all clients together, 0:
+        # none): past it, over any 1-second window, it answers 429 (see limit_rate).
+        self._rate_limit = 0.0
+        self._served: deque[float] = deque()
+        self._throttled = 0
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -247,6 +252,26 @@ class DemoSite:
         with self._lock:
             self._renderer = _Renderer(self._renderer.catalog, share, parts)
 
+    def limit_rate(self, per_second: float) -> None:
+        """From now on answer 429 to any request past *per_second* in the last second (0: no limit)."""
+        with self._lock:
+            self._rate_limit = per_second
+            self._served.clear()
+
+    def over_limit(self) -> bool:
+        """Whether this request is past the hidden rate limit (counted as ``throttled``)."""
+        if not self._rate_limit:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            while self._served and self._served[0] <= now - 1.0:
+                self._served.popleft()
+            if len(self._served) >= self._rate_limit:
+                self._throttled += 1
+                return True
+            self._served.append(now)
+            return False
+
     def record(self, target: str) -> None:
         with self._lock:
             self._stats[target] += 1
@@ -285,10 +310,11 @@ class DemoSite:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"requests": dict(self._stats), "total": sum(self._stats.values())}
+            return {"requests": dict(self._stats), "total": sum(self._stats.values()), "throttled": self._throttled}
 
     def reset_stats(self) -> None:
         with self._lock:
+            self._throttled = 0
             self._stats.clear()
             self._arrivals.clear()
             self._max_in_flight = self._in_flight
@@ -385,6 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         site = self.server.site
         site.record(self.path)
+        if site.over_limit():
+            self._send(429, "text/plain; charset=utf-8", b"too many requests\n", ())
+            return
         if self.command == "POST":
             allow = (("Allow", "GET, HEAD"),)
             self._send(405, "text/plain; charset=utf-8", b"method not allowed\n", allow)

@@ -165,6 +165,20 @@ class Limiter:
     async def renew(self, domain: str, tokens: list[str]) -> int:
         return int(await self._run(renew(domain, tokens, self.holder_ttl)))
 
+    async def cut(self, domain: str, observed: float, decrease: float, floor: float, ceiling: float,
+                  node: str) -> float:
+        from . import adaptive
+
+        reply = await self._run(adaptive.cut(domain, observed, decrease, floor, ceiling, node))
+        return float(reply.decode() if isinstance(reply, bytes) else reply)
+
+    async def adapt(self, answers: list[tuple[str, int, float]], step: float) -> dict[str, tuple[float, float]]:
+        """Report the successful answers of adaptive domains; the fleet's rates after them (and
+        how long ago each was last cut)."""
+        from . import adaptive
+
+        return adaptive.parse_rates(await self._run(adaptive.raise_rates(answers, step)))
+
     async def release(self, domain: str, token: str) -> None:
         await maybe_deferred_to_future(self.batcher.call(lambda pipe: pipe.zrem(inflight_key(domain), token)))
 

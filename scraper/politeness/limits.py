@@ -26,7 +26,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..config import ConfigError, domain_entries, get_float, get_int
+from ..config import ConfigError, domain_entries, get_bool, get_float, get_int
 
 OVERRIDES = "POLITENESS_OVERRIDES"
 KINDS = ("rate", "concurrency")
@@ -67,11 +67,23 @@ class DomainLimit:
         return self.rate > 0 or self.concurrency > 0
 
 
+@dataclass(frozen=True)
+class Adaptive:
+    """``POLITENESS_ADAPTIVE*`` and ``POLITENESS_THROTTLED_MAX_WAIT`` (see :mod:`.adaptive`)."""
+
+    enabled: bool = True
+    decrease: float = 0.7
+    increase: float = 1.0
+    min_rate: float = 0.1
+    throttled_max_wait: float = 600.0
+
+
 @dataclass
 class Policy:
     default: Limit
     overrides: dict[str, Limit]
     max_wait: float = 60.0
+    adaptive: Adaptive = field(default_factory=Adaptive)
     _cache: dict[str, DomainLimit] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -158,7 +170,18 @@ def read_policy(settings: BaseSettings, spider: Any = None) -> Policy:
     own = getattr(spider, "politeness", None) if spider is not None else None
     if own:
         default = parse_limit(own, f"{getattr(spider, 'name', 'spider')}.politeness").over(default)
-    return Policy(default, overrides, max_wait)
+    decrease = get_float(settings, "POLITENESS_ADAPTIVE_DECREASE", 0.7, minimum=0.05)
+    if decrease >= 1:
+        raise ConfigError(f"POLITENESS_ADAPTIVE_DECREASE: must be below 1 (the share a throttled rate keeps), "
+                          f"got {decrease:g}")
+    adaptive = Adaptive(
+        enabled=get_bool(settings, "POLITENESS_ADAPTIVE", True),
+        decrease=decrease,
+        increase=get_float(settings, "POLITENESS_ADAPTIVE_INCREASE", 1.0, minimum=0.001),
+        min_rate=get_float(settings, "POLITENESS_ADAPTIVE_MIN_RATE", 0.1, minimum=0.001),
+        throttled_max_wait=get_float(settings, "POLITENESS_THROTTLED_MAX_WAIT", 600.0, minimum=1),
+    )
+    return Policy(default, overrides, max_wait, adaptive)
 
 
 def _domain(raw: object, name: str) -> str:

@@ -27,12 +27,14 @@ import logging
 import time
 import uuid
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from scrapy import Request, signals
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
+from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred, DeferredLock, DeferredList
@@ -40,6 +42,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from ..redis_client import get_redis
 from ..secrets import redact
+from .adaptive import HOLD
 from .limiter import Limiter
 from .limits import DomainLimit, Policy, read_policy
 
@@ -47,6 +50,14 @@ logger = logging.getLogger(__name__)
 
 #: meta key of the concurrency slot a request holds (private: it must not outlive the download).
 TOKEN = "_politeness_token"
+#: meta keys of a throttled request tried again: since when (epoch s), how many times.
+THROTTLED_SINCE = "politeness_throttled_since"
+THROTTLED_TIMES = "politeness_throttled"
+THROTTLE_STATUSES = (429, 503)
+# Requests to a rated site leave this process at least this share of 1/rate apart.
+SPACING = 0.8
+# After a site's first cut, past its hold: time for the nodes' last reports to land.
+FIRST_HOLD_MARGIN = 0.3
 
 HOLDER_TTL = 30.0  # a silent holder's slot frees itself after this; renewed every third of it
 WAITER_TTL = 5.0  # a waiter that stops asking loses its place in the queue after this
@@ -74,12 +85,23 @@ class PolitenessMiddleware:
         self._last_warning = float("-inf")
         self._wait_total = 0.0
         self._renewal: LoopingCall | None = None
+        # Adaptive rates (see .adaptive): the fleet's, read every second; this process's
+        # successful answers from those sites since; when it had its last answers from every
+        # site, which a first cut reads.
+        self._rates: dict[str, float] = {}
+        self._answers: dict[str, int] = {}
+        self._ceilings: dict[str, float] = {}
+        self._pace: dict[str, deque[float]] = {}
+        self._adapting: LoopingCall | None = None
+        self._throttled_reported = 0
+        self._node = uuid.uuid4().hex[:12]
+        self._first_holds: dict[str, float] = {}  # domain -> until when (monotonic) it waits its first cut
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "PolitenessMiddleware":
         policy = read_policy(crawler.settings, getattr(crawler, "spider", None))
-        if not policy.limits_anything:
-            raise NotConfigured  # the default: nothing to limit, and no warning about it
+        if not policy.limits_anything and not policy.adaptive.enabled:
+            raise NotConfigured  # nothing to limit, and no warning about it
         limiter = Limiter(get_redis(crawler.settings["REDIS_URL"]), HOLDER_TTL, WAITER_TTL)
         mw = cls(crawler, policy, limiter)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
@@ -90,12 +112,18 @@ class PolitenessMiddleware:
 
     def spider_opened(self, spider: Any) -> None:
         logger.info("Politeness limits, shared by every process on this Redis: %s", self.policy.describe())
+        if self.policy.adaptive.enabled:
+            logger.info("Adaptive rates on: a site that answers 429 or 503 is slowed down for the whole fleet, "
+                        "then sped up again slowly (POLITENESS_ADAPTIVE)")
+            self._adapting = LoopingCall(lambda: deferred_from_coro(self._adapt()))
+            self._adapting.start(1.0, now=False)
         self._renewal = LoopingCall(lambda: deferred_from_coro(self._renew()))
         self._renewal.start(HOLDER_TTL / 3, now=False)
 
     async def spider_closed(self, spider: Any) -> None:
-        if self._renewal is not None and self._renewal.running:
-            self._renewal.stop()
+        for loop in (self._renewal, self._adapting):
+            if loop is not None and loop.running:
+                loop.stop()
         releases = [self._release_token(token) for token in list(self._held)]
         await maybe_deferred_to_future(DeferredList([d for d in releases if d is not None]))
 
@@ -107,7 +135,15 @@ class PolitenessMiddleware:
         if url.scheme not in ("http", "https"):
             return None
         limit = self.policy.for_host(url.hostname or "")
-        if not limit.active:
+        if self._first_holds:
+            until = self._first_holds.get(limit.domain)
+            if until is not None:
+                if until > time.monotonic():
+                    await _sleep(until - time.monotonic())
+                else:
+                    del self._first_holds[limit.domain]
+        rate = self._rate(limit)
+        if not rate and not limit.concurrency:
             return None
         started = time.monotonic()
         waited = False
@@ -115,8 +151,8 @@ class PolitenessMiddleware:
             token, waited = await self._take_slot(limit)
             self._hold(request, token, limit.domain)
         try:
-            if limit.rate:
-                waited = await self._take_turn(limit) or waited
+            if rate:
+                waited = await self._take_turn(limit, rate) or waited
         except BaseException:
             self._release(request)
             raise
@@ -126,22 +162,154 @@ class PolitenessMiddleware:
             self.stats.set_value("politeness/wait_seconds", round(self._wait_total, 3))
         return None
 
-    def process_response(self, request: Request, response: Response) -> Response:
+    def process_response(self, request: Request, response: Response) -> Response | Request:
         self._release(request)
-        if response.status in (429, 503):
-            self._honour_retry_after(request, response)
+        url = urlparse_cached(request)
+        if url.scheme not in ("http", "https"):
+            return response
+        limit = self.policy.for_host(url.hostname or "")
+        domain = limit.domain
+        adaptive = self.policy.adaptive.enabled
+        if response.status in THROTTLE_STATUSES:
+            self._honour_retry_after(limit, response)
+            if adaptive:
+                return self._throttled(request, response, limit)
+        elif adaptive:
+            self._count(domain)
+            if domain in self._rates:
+                self._answers[domain] = self._answers.get(domain, 0) + 1
+                self._ceilings[domain] = limit.rate
+        rate = self._rate(limit)
+        if rate:
+            self._space(request, rate)
         return response
 
-    def _honour_retry_after(self, request: Request, response: Response) -> None:
+    def _honour_retry_after(self, limit: DomainLimit, response: Response) -> None:
         """A site's Retry-After pauses its domain for every node, not just the one that was told."""
         seconds = retry_after_seconds(response.headers.get(b"Retry-After"))
         if seconds is None:
             return
-        limit = self.policy.for_host(urlparse_cached(request).hostname or "")
-        if not limit.active:
+        if not limit.active and not self.policy.adaptive.enabled:
             return
         self.stats.inc_value("politeness/retry_after")
         self._forget(self.limiter.pause(limit.domain, seconds), limit.domain)
+
+    # -- adaptive rate (see .adaptive) -------------------------------------------------------
+
+    def _rate(self, limit: DomainLimit) -> float:
+        """The rate requests to *limit*'s domain go at: the declared one, or the fleet's adaptive
+        one under it; 0 for none."""
+        adapted = self._rates.get(limit.domain)
+        if adapted is None:
+            return limit.rate
+        return min(adapted, limit.rate) if limit.rate else adapted
+
+    def _count(self, domain: str) -> None:
+        """Note a successful answer: what the site accepted in the last second is where a first
+        cut starts (counting the 429s too would start it from what the site refused)."""
+        pace = self._pace.get(domain)
+        if pace is None:
+            if len(self._pace) >= 10_000:  # a broad crawl meets sites without end
+                self._pace.clear()
+            pace = self._pace[domain] = deque(maxlen=4096)
+        pace.append(time.monotonic())
+
+    def _accepted(self, domain: str) -> float:
+        pace = self._pace.get(domain)
+        if not pace:
+            return 1.0
+        since = time.monotonic() - 1.0
+        return float(max(1, sum(1 for t in reversed(pace) if t >= since)))
+
+    def _throttled(self, request: Request, response: Response, limit: DomainLimit) -> Response | Request:
+        """The site throttled the fleet: slow its domain down for every node, and try the request
+        again at the slower rate, without spending its retry budget, for up to
+        ``POLITENESS_THROTTLED_MAX_WAIT``; past that it is a dead letter (``throttled``)."""
+        conf = self.policy.adaptive
+        domain = limit.domain
+        observed = self._accepted(domain)
+        if domain not in self._rates:
+            self._hold_first(domain, HOLD)
+        self._forget(self._cut(domain, observed, limit.rate), domain)
+        self.stats.inc_value("politeness/throttle_answers")
+        handled = request.meta.get("handle_httpstatus_list") or ()
+        if (request.meta.get("dont_retry") or request.meta.get("handle_httpstatus_all")
+                or response.status in handled or request.callback is NO_CALLBACK):
+            return response
+        now = time.time()
+        since = float(request.meta.get(THROTTLED_SINCE) or now)
+        if now - since > conf.throttled_max_wait:
+            from ..middlewares.dead_letters import bury
+
+            bury(self.crawler, request, "throttled", int(request.meta.get(THROTTLED_TIMES, 0)) + 1)
+            raise IgnoreRequest(f"throttled by {domain} for over {conf.throttled_max_wait:g} s "
+                                "(POLITENESS_THROTTLED_MAX_WAIT): set aside as a dead letter")
+        retry = request.replace(dont_filter=True)
+        retry.meta[THROTTLED_SINCE] = since
+        retry.meta[THROTTLED_TIMES] = int(request.meta.get(THROTTLED_TIMES, 0)) + 1
+        self.stats.inc_value("politeness/throttled_retries")
+        if THROTTLED_TIMES not in request.meta:
+            self.stats.inc_value("politeness/throttled_pages")
+        return retry
+
+    def _hold_first(self, domain: str, seconds: float) -> None:
+        """A site's first cut: send it nothing until every node has said what it saw (see
+        :mod:`.adaptive`), then read the fleet's rate."""
+        from twisted.internet import reactor
+
+        if domain in self._first_holds:
+            return
+        self._first_holds[domain] = time.monotonic() + seconds + FIRST_HOLD_MARGIN
+        reactor.callLater(seconds + FIRST_HOLD_MARGIN / 2, lambda: deferred_from_coro(self._adapt()))
+
+    async def _cut(self, domain: str, observed: float, ceiling: float) -> None:
+        conf = self.policy.adaptive
+        rate = await self.limiter.cut(domain, observed, conf.decrease, conf.min_rate, ceiling, self._node)
+        if domain in self._rates:  # a later cut (a first one is read when its hold ends)
+            self._rates[domain] = rate
+            self._note_rate(domain, rate)
+
+    async def _adapt(self) -> None:
+        answers = [(d, n, self._ceilings.get(d, 0.0)) for d, n in self._answers.items()]
+        self._answers = {}
+        try:
+            found = await self.limiter.adapt(answers, self.policy.adaptive.increase)
+        except Exception as exc:
+            self._on_redis_error(exc, 1, ", ".join(sorted(d for d, _, _ in answers)) or "adaptive rates")
+            return
+        rates = {}
+        for domain, (rate, since_cut) in found.items():
+            if domain not in self._rates and since_cut < HOLD:
+                self._hold_first(domain, HOLD - since_cut)  # learnt from another node mid-way
+            rates[domain] = rate
+            self._note_rate(domain, rate)
+        self._rates = rates
+
+    def _note_rate(self, domain: str, rate: float) -> None:
+        """The rate in the stats (the run report, the metrics), for a bounded number of sites."""
+        key = f"politeness/rate/{domain}"
+        stats = self.stats
+        if stats.get_value(key) is None and self._throttled_reported >= 100:
+            return
+        if stats.get_value(key) is None:
+            self._throttled_reported += 1
+            logger.info("%s throttles the fleet (429/503): its rate is now %.2f requests/s, shared by every "
+                        "node, and adapts from there", domain, rate)
+        stats.set_value(key, round(rate, 3))
+        stats.min_value(f"politeness/rate_min/{domain}", round(rate, 3))
+
+    def _space(self, request: Request, rate: float) -> None:
+        """Space this process's requests to a rated site where they leave, in the downloader: the
+        turns are 1/rate apart, but requests queued in Scrapy's slot would otherwise go out
+        together when it frees up."""
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if downloader is None:
+            return
+        slot = downloader.slots.get(downloader.get_slot_key(request))
+        if slot is not None:
+            delay = SPACING / rate
+            if slot.delay != delay:
+                slot.delay, slot.jitter = delay, 0.0
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         self._release(request)
@@ -149,12 +317,12 @@ class PolitenessMiddleware:
 
     # -- rate --------------------------------------------------------------------------------
 
-    async def _take_turn(self, limit: DomainLimit) -> bool:
+    async def _take_turn(self, limit: DomainLimit, rate: float) -> bool:
         """Reserve the domain's next turn and sleep until it comes; True if that meant waiting."""
         waited, errors = False, 0
         while True:
             try:
-                reservation = await self.limiter.reserve(limit.domain, limit.rate, self.policy.max_wait)
+                reservation = await self.limiter.reserve(limit.domain, rate, self.policy.max_wait)
             except Exception as exc:
                 errors += 1
                 await _sleep(self._on_redis_error(exc, errors, limit.domain))
@@ -165,10 +333,10 @@ class PolitenessMiddleware:
                 return waited or reservation.wait > 0
             # Turns are booked up to POLITENESS_MAX_WAIT ahead: come back when there is room.
             waited = True
-            self._note_saturated(limit, reservation.wait)
+            self._note_saturated(limit, rate, reservation.wait)
             await _sleep(max(reservation.wait - self.policy.max_wait, self.policy.max_wait / 4))
 
-    def _note_saturated(self, limit: DomainLimit, wait: float) -> None:
+    def _note_saturated(self, limit: DomainLimit, rate: float, wait: float) -> None:
         if limit.domain in self._saturated:
             return
         self._saturated.add(limit.domain)
@@ -176,7 +344,7 @@ class PolitenessMiddleware:
         logger.info(
             "The fleet asks %s for more than its rate of %g requests/s: its next free turn is %.0f s "
             "ahead, past POLITENESS_MAX_WAIT (%g s). Requests to it wait for their turn (logged once).",
-            limit.domain, limit.rate, wait, self.policy.max_wait,
+            limit.domain, rate, wait, self.policy.max_wait,
         )
 
     # -- concurrency -------------------------------------------------------------------------
