@@ -28,6 +28,13 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             for ``example.com`` covers its subdomains, which share its budget.
 ``POLITENESS_MAX_WAIT``     Seconds ahead the fleet may book a site's turns (60); further
                             requests wait for room, and the site is logged once as saturated.
+``POLITENESS_ADAPTIVE``     A site that answers 429/503 gets a fleet-wide rate, cut on each
+                            throttle and raised on success (true).
+``POLITENESS_ADAPTIVE_DECREASE``  The share of its rate a throttling site keeps (0.7).
+``POLITENESS_ADAPTIVE_INCREASE``  Requests/s the rate gains per second of success (1.0).
+``POLITENESS_ADAPTIVE_MIN_RATE``  The lowest adaptive rate, requests/s (0.1).
+``POLITENESS_THROTTLED_MAX_WAIT``  Seconds a throttled request keeps trying before it becomes a
+                            ``throttled`` dead letter (600).
 ``SCHEDULER_IDLE_TIMEOUT``  Seconds the shared queue must stay empty before a spider stops (10).
 ``SCHEDULER_PREFETCH``      Requests taken from the shared queue per round trip (4).
 ``SCHEDULER_LEASE_TIMEOUT`` Seconds a taken request stays leased without renewal before another
@@ -200,6 +207,11 @@ POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")
 POLITENESS_OVERRIDES = _env("POLITENESS_OVERRIDES", "")
 POLITENESS_MAX_WAIT = _env("POLITENESS_MAX_WAIT", "60")
+POLITENESS_ADAPTIVE = _env("POLITENESS_ADAPTIVE", "true")
+POLITENESS_ADAPTIVE_DECREASE = _env("POLITENESS_ADAPTIVE_DECREASE", "0.7")
+POLITENESS_ADAPTIVE_INCREASE = _env("POLITENESS_ADAPTIVE_INCREASE", "1.0")
+POLITENESS_ADAPTIVE_MIN_RATE = _env("POLITENESS_ADAPTIVE_MIN_RATE", "0.1")
+POLITENESS_THROTTLED_MAX_WAIT = _env("POLITENESS_THROTTLED_MAX_WAIT", "600")
 # Measured: fewer items in flight per response keeps the reactor responsive at no cost.
 CONCURRENT_ITEMS = 16
 LOG_LEVEL = _env("LOG_LEVEL", "INFO")

@@ -53,7 +53,7 @@ COUNTERS = {
     "scraper_items_stored_total", "scraper_storage_rows_written_total",
     "scraper_storage_write_failures_total", "scraper_queue_redelivered_total", "scraper_dead_letters_total",
     "scraper_politeness_wait_seconds_total", "scraper_redis_write_refusals_total",
-    "scraper_archive_not_archived_total", "scraper_quality_held_items_total",
+    "scraper_archive_not_archived_total", "scraper_quality_held_items_total", "scraper_politeness_throttled_total",
 }
 GAUGES = {
     "scraper_api_budget_credits", "scraper_api_run_spent_credits", "scraper_queue_depth",
@@ -66,7 +66,7 @@ GAUGES = {
     "scraper_run_items", "scraper_run_dead_letters", "scraper_run_api_credits", "scraper_run_redeliveries",
     "scraper_field_coverage", "scraper_field_coverage_expected", "scraper_field_coverage_items",
     "scraper_quality_baseline_items", "scraper_quality_last_run_degraded", "scraper_quality_last_run_failed_checks",
-    "scraper_quality_guard_broken",
+    "scraper_quality_guard_broken", "scraper_politeness_rate",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}
 SUMMARIES = {"scraper_storage_flush_seconds"}

@@ -391,3 +391,30 @@ def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
     assert any("throttles the fleet (429/503)" in log for log in logs)
     # The fleet found the limit: pages/s within reach of it (the start and the end are slower).
     assert pages / took >= 0.6 * limit, (pages, took)
+
+
+def test_a_declared_rate_at_the_limit_loses_nothing(clean) -> None:
+    limit = 20
+    catalog, logs, stats, _ = adaptive_crawl(clean, limit, products=60, workers=2, POLITENESS_RATE=str(limit))
+    valid_rows(clean, catalog)
+    # Turns 1/rate apart by Redis' clock and spaced where they leave: the hidden 1-second window
+    # sees at most the limit, give or take a request that left late.
+    assert stats["throttled"] <= max(1, 0.01 * stats["total"]), (stats["throttled"], stats["total"])
+
+
+def test_a_site_that_never_lets_up_ends_in_throttled_dead_letters(clean) -> None:
+    catalog = Catalog(products=5)
+    with DemoSite(catalog) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_THROTTLED_MAX_WAIT="2",
+                        POLITENESS_ADAPTIVE_MIN_RATE="5")
+        site.limit_rate(0.5)  # every request answered 429
+        result = run_scrapy(env, "crawl", "demo")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert stat(result.stderr, "dead_letters/throttled") >= 1, result.stderr[-3000:]
+    assert stat(result.stderr, "politeness/throttled_retries") > stat(result.stderr, "dead_letters/throttled")
+    # The pages' retry budget was not spent on the throttle: Scrapy retried robots.txt alone (a
+    # component's own request, left to it), twice (RETRY_TIMES).
+    assert stat(result.stderr, "retry/count") == 2, result.stderr[-3000:]
+    assert "Gave up retrying <GET http" in result.stderr and "robots.txt> (failed 3 times)" in result.stderr
+    shown = run_scrapy(env, "dlq", "list", "demo")
+    assert "throttled" in shown.stdout, shown.stdout

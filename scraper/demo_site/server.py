@@ -253,7 +253,8 @@ class DemoSite:
             self._renderer = _Renderer(self._renderer.catalog, share, parts)
 
     def limit_rate(self, per_second: float) -> None:
-        """From now on answer 429 to any request past *per_second* in the last second (0: no limit)."""
+        """From now on answer 429 to any request past *per_second* in the last second (0: no limit;
+        below 1: to every request)."""
         with self._lock:
             self._rate_limit = per_second
             self._served.clear()
@@ -266,7 +267,7 @@ class DemoSite:
         with self._lock:
             while self._served and self._served[0] <= now - 1.0:
                 self._served.popleft()
-            if len(self._served) >= self._rate_limit:
+            if len(self._served) >= self._rate_limit or self._rate_limit < 1:
                 self._throttled += 1
                 return True
             self._served.append(now)

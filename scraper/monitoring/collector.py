@@ -64,6 +64,7 @@ class CrawlCollector(Collector):
         errors: dict[tuple[str, ...], float] = defaultdict(float)
         rejected: dict[tuple[str, ...], float] = {}
         dead: dict[tuple[str, ...], float] = {}
+        rates: dict[tuple[str, ...], float] = {}
         for key, value in stats.items():
             if key.startswith("downloader/response_status_count/"):
                 by_class[(s, key.rsplit("/", 1)[1][:1] + "xx")] += value
@@ -75,6 +76,8 @@ class CrawlCollector(Collector):
                 rejected[(s, key.split("/", 1)[1])] = value
             elif key.startswith("dead_letters/") and key not in ("dead_letters/count", "dead_letters/callback_retries"):
                 dead[(s, key.split("/", 1)[1])] = value
+            elif key.startswith("politeness/rate/"):
+                rates[(s, key[len("politeness/rate/"):])] = value
         yield _counter("scraper_responses", "Responses received, by status class.", ["spider", "status_class"],
                        dict(by_class))
         yield _counter("scraper_errors", "Download and callback errors, by exception.", ["spider", "kind"],
@@ -113,6 +116,13 @@ class CrawlCollector(Collector):
                      "broken in this process' run (QUALITY_ON_BREAK says what follows).", s, get("quality/break"))
         yield _counter("scraper_quality_held_items", "Items held by the live quality guard (not stored; see "
                        "scrapy runs SPIDER --report RUN).", ["spider"], {(s,): get("quality/held_items")})
+        rate = GaugeMetricFamily("scraper_politeness_rate", "The fleet's adaptive rate (requests/s) of each site "
+                                 "that throttled it, as this process last read it.", labels=["spider", "domain"])
+        for labels, value in sorted(rates.items()):
+            rate.add_metric(list(labels), value)
+        yield rate
+        yield _counter("scraper_politeness_throttled", "Answers that throttled the fleet (429/503), each tried "
+                       "again at the site's lowered rate.", ["spider"], {(s,): get("politeness/throttle_answers")})
         yield _counter("scraper_politeness_wait_seconds", "Time requests waited for the fleet's per-site limits.",
                        ["spider"], {(s,): get("politeness/wait_seconds")})
 

@@ -135,6 +135,8 @@ class PolitenessMiddleware:
         if url.scheme not in ("http", "https"):
             return None
         limit = self.policy.for_host(url.hostname or "")
+        if THROTTLED_SINCE in request.meta:
+            self._give_up_if_late(request, limit.domain)
         if self._first_holds:
             until = self._first_holds.get(limit.domain)
             if until is not None:
@@ -236,14 +238,8 @@ class PolitenessMiddleware:
         if (request.meta.get("dont_retry") or request.meta.get("handle_httpstatus_all")
                 or response.status in handled or request.callback is NO_CALLBACK):
             return response
-        now = time.time()
-        since = float(request.meta.get(THROTTLED_SINCE) or now)
-        if now - since > conf.throttled_max_wait:
-            from ..middlewares.dead_letters import bury
-
-            bury(self.crawler, request, "throttled", int(request.meta.get(THROTTLED_TIMES, 0)) + 1)
-            raise IgnoreRequest(f"throttled by {domain} for over {conf.throttled_max_wait:g} s "
-                                "(POLITENESS_THROTTLED_MAX_WAIT): set aside as a dead letter")
+        since = float(request.meta.get(THROTTLED_SINCE) or time.time())
+        self._give_up_if_late(request, domain)
         retry = request.replace(dont_filter=True)
         retry.meta[THROTTLED_SINCE] = since
         retry.meta[THROTTLED_TIMES] = int(request.meta.get(THROTTLED_TIMES, 0)) + 1
@@ -261,6 +257,19 @@ class PolitenessMiddleware:
             return
         self._first_holds[domain] = time.monotonic() + seconds + FIRST_HOLD_MARGIN
         reactor.callLater(seconds + FIRST_HOLD_MARGIN / 2, lambda: deferred_from_coro(self._adapt()))
+
+    def _give_up_if_late(self, request: Request, domain: str) -> None:
+        """A request throttled for longer than ``POLITENESS_THROTTLED_MAX_WAIT`` (since its first
+        429, by this host's clock) becomes a dead letter (``throttled``), before it waits again."""
+        limit = self.policy.adaptive.throttled_max_wait
+        since = request.meta.get(THROTTLED_SINCE)
+        if since is None or time.time() - float(since) <= limit:
+            return
+        from ..middlewares.dead_letters import bury
+
+        bury(self.crawler, request, "throttled", int(request.meta.get(THROTTLED_TIMES, 0)) + 1)
+        raise IgnoreRequest(f"throttled by {domain} for over {limit:g} s (POLITENESS_THROTTLED_MAX_WAIT): "
+                            "set aside as a dead letter")
 
     async def _cut(self, domain: str, observed: float, ceiling: float) -> None:
         conf = self.policy.adaptive
