@@ -132,6 +132,7 @@ Environment variables (all optional; the defaults run the embedded, single-machi
 ``QUALITY_RESPONSES_RISE``  The share of error, blocked or empty responses may rise by this (0.05).
 ``QUALITY_PRICE_SHIFT``     A price that moved by more than this share run over run jumped (0.25).
 ``QUALITY_PRICE_JUMPS``     At most this share of an item type's prices seen before may jump (0.1).
+``QUALITY_DEAD_LETTERS``    At most this share of a run's pages may end as dead letters (0.05).
 ``QUALITY_FAIL_EXIT``       ``scrapy crawl`` exits with status 3 when its run is degraded (true;
                             0 keeps exit 0 for schedulers that must not see it).
 ``QUALITY_ON_BREAK``        What a run does when the live guard sees a field's coverage break
@@ -290,6 +291,7 @@ QUALITY_PAGES_PER_ITEM_RISE = _env("QUALITY_PAGES_PER_ITEM_RISE", "0.5")
 QUALITY_RESPONSES_RISE = _env("QUALITY_RESPONSES_RISE", "0.05")
 QUALITY_PRICE_SHIFT = _env("QUALITY_PRICE_SHIFT", "0.25")
 QUALITY_PRICE_JUMPS = _env("QUALITY_PRICE_JUMPS", "0.1")
+QUALITY_DEAD_LETTERS = _env("QUALITY_DEAD_LETTERS", "0.05")
 # For CI and schedulers: `scrapy crawl` exits with status 3 when its run is degraded.
 QUALITY_FAIL_EXIT = _env("QUALITY_FAIL_EXIT", "true")
 QUALITY_ON_BREAK = _env("QUALITY_ON_BREAK", "hold")

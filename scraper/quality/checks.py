@@ -154,6 +154,19 @@ def check_pages_per_item(current: Figures, baseline: list[Figures], conf: Qualit
                 f"median {base:.2f}")
 
 
+def check_dead_letters(current: Figures, conf: QualitySettings) -> Iterable[Check]:
+    """Pages set aside as dead letters (throttled past its wait, failing, blocked): a run that
+    lost more than ``QUALITY_DEAD_LETTERS`` of its pages that way is not ok, baseline or not."""
+    dead = current.get("dead_letters", 0.0)
+    pages = current.get("pages", 0.0) + dead
+    if pages <= 0:
+        yield _skip("dead_letters", "", "skipped: no page")
+        return
+    share = dead / pages
+    yield Check("dead_letters", "", f"<= {conf.dead_letters:.0%}", f"{share:.1%}", share <= conf.dead_letters + 1e-9,
+                f"{dead:.0f} of {pages:.0f} pages set aside (scrapy dlq list SPIDER)")
+
+
 def check_responses(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
     for kind in ("error", "blocked", "empty"):
         name = f"{kind}_responses"
@@ -177,6 +190,7 @@ def run_checks(current: Figures, baseline: list[Figures], expectations: dict[str
         *check_gone(current, baseline, conf),
         *check_pages_per_item(current, baseline, conf),
         *check_responses(current, baseline, conf),
+        *check_dead_letters(current, conf),
     ]
 
 

@@ -102,6 +102,7 @@ class QualityMonitor:
             "responses/error": self.responses["error"] + exceptions,
             "responses/blocked": self.responses["blocked"] + get("scraping_api/blocked_retries"),
             "responses/empty": float(self.responses["empty"]),
+            "dead_letters": get("dead_letters/count"),
         }
         for key, value in stats.items():
             if key.startswith("item_rejected_reasons/"):

@@ -31,6 +31,7 @@ class QualitySettings:
     responses_rise: float = 0.05  # share of error, blocked or empty responses up by more fails
     price_shift: float = 0.25  # a price that moved by more than this share run over run jumped
     price_jumps: float = 0.1  # more than this share of an item type's known prices jumped fails
+    dead_letters: float = 0.05  # more than this share of a run's pages set aside as dead letters fails
     fail_exit: bool = True  # `scrapy crawl` exits with status 3 when its run is degraded
 
 
@@ -56,6 +57,7 @@ def read_settings(settings: BaseSettings) -> QualitySettings:
         responses_rise=_fraction(settings, "QUALITY_RESPONSES_RISE", d.responses_rise),
         price_shift=_fraction(settings, "QUALITY_PRICE_SHIFT", d.price_shift, top=None),
         price_jumps=_fraction(settings, "QUALITY_PRICE_JUMPS", d.price_jumps),
+        dead_letters=_fraction(settings, "QUALITY_DEAD_LETTERS", d.dead_letters),
         fail_exit=get_bool(settings, "QUALITY_FAIL_EXIT", d.fail_exit),
     )
 
