@@ -60,6 +60,8 @@ class Command(ScrapyCrawl):
         self.crawler_process.start()
         if self.crawler_process.bootstrap_failed:
             self.exitcode = 1
+        elif crawler.stats.get_value("run/exit_status"):  # the run's shared state was lost (4)
+            self.exitcode = int(crawler.stats.get_value("run/exit_status"))
         elif crawler.stats.get_value("quality/exit_status"):  # QUALITY_FAIL_EXIT and a degraded run
             self.exitcode = int(crawler.stats.get_value("quality/exit_status"))
 

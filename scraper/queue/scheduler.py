@@ -33,6 +33,7 @@ from typing import Any
 from twisted.internet import defer
 
 from scrapy import Request, Spider
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
@@ -47,6 +48,9 @@ from ..runs.state import Decision, RunState
 from .leases import Leases, lease_abandoned
 from .replication import ReplicaBarrier
 from .queues import LEASE_META, RequestSerializationError
+
+# `scrapy crawl`'s exit status for a run whose shared state was lost (see scraper.runs.state).
+LOST_EXIT_STATUS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +125,8 @@ class SharedScheduler(Scheduler):
         self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases,
                             shards=self.shards)
         self._closing = False
+        self._lost = False
+        self._said_lost_start = False
         self._beat_loop: Any = None
         self._last_lease_report = float("-inf")
         self._lease_wait_since: float | None = None
@@ -170,10 +176,17 @@ class SharedScheduler(Scheduler):
         from ..runs import record
 
         try:
-            return record.highest_run_id(dsn, self.spider.name)
+            run_id, state = record.last_run(dsn, self.spider.name)
         except Exception as exc:  # the run still starts; its row is written when Postgres is back
             logger.warning("Could not read the recorded runs of %r: %s", self.spider.name, exc)
             return 0
+        if run_id and state != "finished" and not self._said_lost_start:
+            self._said_lost_start = True
+            logger.warning("Run %d of %s is recorded as %s in Postgres, but Redis has no record of it: its "
+                           "shared state (queue, seen-set) was lost. Starting a fresh run %d from the seeds; "
+                           "pages run %d had fetched are fetched again.", run_id, self.spider.name, state,
+                           run_id + 1, run_id)
+        return run_id
 
     async def _wait_to_begin(self, decision: Decision) -> None:
         from twisted.internet import reactor, task
@@ -249,10 +262,29 @@ class SharedScheduler(Scheduler):
     def _beat(self) -> None:
         try:
             self.nodes.beat()
+            if not self._lost and self.run.lost():
+                self._lose()
         except UNREACHABLE as exc:
             self._redis_down(exc)
         except Exception as exc:
             logger.warning("Could not send this node's heartbeat: %s", exc)
+
+    def _lose(self) -> None:
+        """The run's shared state vanished under it: say so, end this node's part as ``lost``."""
+        self._lost = True
+        stats = self.crawler.stats
+        stats.set_value("run/outcome", "lost")
+        stats.set_value("run/exit_status", LOST_EXIT_STATUS)
+        logger.error(
+            "Run %d of %s lost its shared state: Redis has no record of it any more (restarted without "
+            "persistence, flushed, or failed over to a replica without the latest writes), and with it the "
+            "queue and the seen-set. This node stops; the run ends lost (exit %d), nothing is marked gone, and "
+            "the next `scrapy crawl %s` starts a fresh run from the seeds. Keep the queue's Redis persistent "
+            "(appendonly yes) to survive a restart.", self.run.run_id, self.spider.name, LOST_EXIT_STATUS,
+            self.spider.name)
+        engine = self.crawler.engine
+        deferred_from_coro(engine.close_spider_async(reason="lost")).addErrback(
+            lambda failure: logger.error("Could not stop the spider: %s", failure.value))
 
     def _node_info(self) -> dict[str, Any]:
         stats = self.crawler.stats
@@ -370,6 +402,14 @@ class SharedScheduler(Scheduler):
         # reads them first (and drops them).
         outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()),
                                        self._shard_run_keys())
+        if outcome == "lost" and not self._lost:
+            self._lost = True
+            self.crawler.stats.set_value("run/exit_status", LOST_EXIT_STATUS)
+            logger.error("Run %d of %s lost its shared state: Redis has no record of it any more (restarted "
+                         "without persistence, flushed, or failed over without the latest writes). The run ends "
+                         "lost (exit %d), nothing is marked gone, and the next `scrapy crawl %s` starts a fresh "
+                         "run from the seeds.", self.run.run_id, self.spider.name, LOST_EXIT_STATUS,
+                         self.spider.name)
         self.run_outcome = outcome
         self.crawler.stats.set_value("run/outcome", outcome)
         gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == "finished")

@@ -77,6 +77,19 @@ def highest_run_id(dsn: str, spider: str) -> int:
         conn.close()
 
 
+def last_run(dsn: str, spider: str) -> tuple[int, str]:
+    """The id and recorded state of *spider*'s latest run ((0, "") if none)."""
+    conn = connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT run_id, state FROM crawl_runs WHERE spider = %s ORDER BY run_id DESC LIMIT 1",
+                        (spider,))
+            row = cur.fetchone()
+            return (int(row[0]), str(row[1])) if row else (0, "")
+    finally:
+        conn.close()
+
+
 def _ts(value: Any) -> dt.datetime | None:
     if value in (None, "", 0, "0"):
         return None
@@ -91,7 +104,7 @@ def upsert(conn: Any, spider: str, run_id: int, run: dict[str, str], figures: di
         "spider": spider, "run_id": run_id, "state": state,
         "started": _ts(run.get("started")) or dt.datetime.now(dt.timezone.utc),
         "finished": _ts(run.get("finished")) if state == "finished" else None,
-        "finish_reason": run.get("reason") if state in ("finished", "stopped") else None,
+        "finish_reason": run.get("reason") if state in ("finished", "stopped", "lost") else None,
         "nodes_seen": nodes,
         **{column: figures.get(stat, 0) for column, stat in FIGURES.items()},
     }

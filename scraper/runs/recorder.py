@@ -78,7 +78,9 @@ class RunRecorder:
         self.report()
         current = scheduler.run.current()
         run_id = scheduler.run.run_id
-        if str(run_id) != current.get("id"):
+        if self.crawler.stats.get_value("run/outcome") == "lost":
+            current = {"state": "lost", "reason": "lost: Redis lost the run's shared state"}
+        elif str(run_id) != current.get("id"):
             current = {"state": "finished", "reason": reason}
         self._write_row(run_id, current)
 

@@ -21,6 +21,12 @@ A node starting (:meth:`RunState.begin`) finds one of:
 
 Node liveness: a heartbeat within the node TTL, except nodes of this host whose process is
 gone, which are dead at once.
+
+The run record is also the marker of the run's shared state: Redis restarted without
+persistence, flushed, or failed over to a replica without the latest writes loses it with the
+queue and the seen-set. Each node looks for it every heartbeat; a node that finds it gone ends
+its part of the run as ``lost`` (never ``finished``: the pages queued in Redis are gone, and
+nothing is marked gone), and the next start begins a fresh run from the seeds.
 """
 
 from __future__ import annotations
@@ -112,11 +118,14 @@ return {action, id, live, queued, leased, previous, dropped}
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the run's keys.
 # ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8-10 other
 #       shards (see _LIVE), 11 n dead, 12.. dead.
-# Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on) or
-# 'gone' (the run is no longer this node's: another node ended it while this one was silent).
+# Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on), 'gone' (the
+# run is no longer this node's: another node ended it while this one was silent) or 'lost' (Redis
+# has no run record any more: its shared state was lost).
 _LEAVE = _LIVE + """
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+-- No run record at all under a live run: Redis lost it (restarted empty, flushed, failed over).
+if not redis.call('HGET', KEYS[1], 'id') then return {'lost', live} end
 if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
    or redis.call('HGET', KEYS[1], 'state') == 'finished' then
   return {'gone', live}
@@ -237,6 +246,10 @@ class RunState:
 
     def has_run_record(self) -> bool:
         return bool(self.server.exists(self.key))
+
+    def lost(self) -> bool:
+        """True when this node's run has no record in Redis any more (see the module's notes)."""
+        return bool(self.run_id) and self.server.hget(self.key, "id") is None
 
     def current(self) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.server.hgetall(self.key).items()}

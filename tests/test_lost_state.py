@@ -1,0 +1,48 @@
+"""Redis losing a live run's shared state (restarted empty, flushed, failed over without the
+latest writes) is noticed: the run ends `lost`, not `finished`, with a non-zero exit, nothing is
+marked gone, and the next start says it begins afresh from the seeds, and stores everything.
+
+On a private redis-server (the fault is injected into it, never into the machine's own).
+"""
+
+from __future__ import annotations
+
+import re
+
+from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+from scraper.demo_site import Catalog, DemoSite
+from test_metrics import start_crawl, wait_for
+from test_redis_refusing_writes import own_redis  # noqa: F401  (the fixture)
+
+
+def test_a_flushed_redis_ends_the_run_lost_and_the_next_starts_fresh(clean, own_redis) -> None:  # noqa: F811
+    catalog = Catalog(products=80)
+    url = f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0"
+    with DemoSite(catalog, delay_ms=40) as site:
+        env = crawl_env(clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
+                        SCHEDULER_IDLE_TIMEOUT="3")
+        first = run_scrapy(env, "crawl", "demo")  # a whole run: rows to keep
+        assert first.returncode == 0, first.stderr[-3000:]
+        rows_before = clean.query("SELECT count(*) FROM products WHERE gone_at IS NULL")[0][0]
+        site.reset_stats()
+        crawl = start_crawl(env)
+        wait_for(lambda: site.stats()["total"] > 20, timeout=60, step=0.05)
+        own_redis.flushall()
+        _out, log = crawl.communicate(timeout=120)
+        fetched = site.stats()["total"]
+        assert crawl.returncode == 4, log[-3000:]
+        assert "Traceback" not in log, log[-5000:]
+        assert re.search(r"Run 2 of demo lost its shared state: Redis has no record of it any more", log), log[-3000:]
+        assert "'run/outcome': 'lost'" in log and "nothing is marked gone" in log, log[-3000:]
+        assert fetched < len(catalog.pages())  # cut short: the rest of its queue was in Redis
+        # Nothing marked gone on the strength of a lost run.
+        assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+        assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NULL")[0][0] == rows_before
+        assert clean.query("SELECT state FROM crawl_runs WHERE spider = 'demo' AND run_id = 2") == [("lost",)]
+
+        again = run_scrapy(env, "crawl", "demo")
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "Run 2 of demo is recorded as lost in Postgres, but Redis has no record of it" in again.stderr
+        assert "Starting a fresh run 3 from the seeds" in again.stderr, again.stderr[-3000:]
+    assert_each_product_stored_or_rejected_once(clean.query, catalog)
+    assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
