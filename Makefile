@@ -12,7 +12,7 @@ TARGET  ?= default
 # Two pytest workers on two cores: most tests wait on real processes, not the CPU.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo demo-site test bench clean deploy
+.PHONY: install tools demo demo-site test bench clean deploy
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ demo: $(STAMP)
 demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)
 
-test: $(STAMP)
+# System tools some tests drive (faketime: a worker with a skewed clock), from Debian's archive.
+tools:
+	@command -v faketime >/dev/null 2>&1 || { apt-get install -y -qq faketime >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq faketime >/dev/null 2>&1; }; } || \
+	  { echo "make tools: could not install faketime (apt-get install faketime, as root)" >&2; exit 1; }
+
+test: $(STAMP) tools
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)

@@ -50,6 +50,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             counts as gone (60); a node of this host whose process is gone
                             counts as gone at once. A run with no node left, nothing queued
                             and nothing leased is finished.
+``RUNS_CLOCK_SKEW_WARN``   A node whose clock is off from Redis' by more than this many seconds
+                            says so at start (30); leases and heartbeats use Redis' clock anyway.
 ``RUNS_REPORT_INTERVAL``    Seconds between a node's reports of its figures to the run (5).
 ``RUNS_FRESH``              Discard a stopped run instead of resuming it (false); what
                             ``scrapy crawl --fresh`` sets.
@@ -243,6 +245,7 @@ if _env("SCHEDULER_MAX_LEASES") is not None:  # unset: twice CONCURRENT_REQUESTS
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"
 # Runs (scraper/runs): a node of another host that stays silent this long is gone.
 RUNS_NODE_TTL = _env("RUNS_NODE_TTL", "60")
+RUNS_CLOCK_SKEW_WARN = _env("RUNS_CLOCK_SKEW_WARN", "30")
 RUNS_REPORT_INTERVAL = _env("RUNS_REPORT_INTERVAL", "5")
 RUNS_FRESH = _env("RUNS_FRESH", "false")
 # set | bloom. A Bloom filter takes its full size (here 18 MB) when the crawl opens it, whatever

@@ -19,10 +19,9 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import time
 from typing import Any, Iterable
 
-import redis
+from .clock import RedisClock
 
 logger = logging.getLogger(__name__)
 
@@ -32,32 +31,11 @@ class Generations:
         self.server = server
         self.expiry = float(expiry)
         self.half = self.expiry / 2
-        self.resync_every = resync_every
-        self._offset = 0.0
-        self._synced_at = -math.inf
+        self.clock = RedisClock(server, resync_every)
 
     def now(self) -> float:
-        """Redis' unix time, from the local clock and the last measured offset."""
-        if time.monotonic() - self._synced_at >= self.resync_every:
-            self._sync()
-        return time.time() + self._offset
-
-    def _sync(self) -> None:
-        first = self._synced_at == -math.inf
-        try:
-            before = time.time()
-            seconds, micros = self.server.time()
-            after = time.time()
-        except redis.RedisError as exc:
-            if first:
-                raise
-            # Keep the last offset: clocks do not jump in a minute, and the next write to
-            # Redis reports the outage where it matters.
-            logger.warning("Could not read Redis' clock, keeping the last offset: %s", exc)
-            self._synced_at = time.monotonic()
-            return
-        self._offset = seconds + micros / 1e6 - (before + after) / 2
-        self._synced_at = time.monotonic()
+        """Redis' unix time (see :mod:`.clock`)."""
+        return self.clock.now()
 
     def current(self) -> int:
         """The current generation (always 0 without expiry)."""

@@ -11,12 +11,12 @@ instead of killing workers forever. Idempotent upserts make a redelivery harmles
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 from ..redis_client import register_script
 from . import keys
+from .clock import RedisClock
 
 #: Signal (``request=``): a component could not finish with this request safely (e.g. it could
 #: not write its dead letter while Redis was away). Its lease is then neither acknowledged nor
@@ -116,7 +116,8 @@ class Leases:
     the leases it holds."""
 
     def __init__(self, server: Any, spider_name: str, queue_key: str, dead_key: str, ttl: float,
-                 max_redeliveries: int = 5, owner: str | None = None, shards: Any = None) -> None:
+                 max_redeliveries: int = 5, owner: str | None = None, shards: Any = None,
+                 clock: Any = None) -> None:
         self.server = server
         self.ttl = ttl
         self.max_redeliveries = max_redeliveries
@@ -139,12 +140,15 @@ class Leases:
         self._owned = register_script(server, _OWNED)
         self._reap = register_script(server, _REAP)
         self._last_renewal = 0.0
+        # Deadlines are set and judged on Redis' clock: a worker whose own clock runs ahead
+        # would otherwise expire the others' leases and fetch their pages again (see .clock).
+        self.clock = clock if clock is not None else RedisClock(server)
 
     def take(self, count: int, shard: int = 0) -> list[tuple[str, float, bytes]]:
         """Lease up to *count* requests of *shard*: (lease id, score, data), best first."""
         group = self.groups[shard]
         flat = self._take(keys=[group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
-                          args=[count, time.time() + self.ttl, self.owner])
+                          args=[count, self.clock.now() + self.ttl, self.owner])
         taken = [(flat[i].decode(), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
         self.mine.update(lease for lease, _, _ in taken)
         if len(self.groups) > 1:
@@ -191,7 +195,7 @@ class Leases:
         self.ack({lease for lease, _, _ in taken})
 
     def renew(self, force: bool = False) -> None:
-        now = time.time()
+        now = self.clock.now()
         if self.mine and (force or now - self._last_renewal >= self.ttl / 3):
             self._on_owned("renew", set(self.mine), now + self.ttl)
             self._last_renewal = now
@@ -203,7 +207,7 @@ class Leases:
             back, buried = self._reap(
                 keys=[group.pending_key, group.leased_key, group.deadlines_key, group.redeliveries_key,
                       group.dead_key, group.owners_key],
-                args=[time.time(), self.max_redeliveries, 500],
+                args=[self.clock.now(), self.max_redeliveries, 500],
             )
             requeued, dead = requeued + int(back), dead + int(buried)
             if int(buried) and group.dead_key != self.dead_key:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 import uuid
 from typing import Any, Callable
 
 from .. import procs
+from .clock import RedisClock
 
 
 class NodeRegistry:
@@ -29,12 +29,15 @@ class NodeRegistry:
         self.info_key = f"{key}:info"
         self.ttl = ttl
         self.info = info
+        # Heartbeats are written and judged on Redis' clock: a node whose own clock is off
+        # neither looks dead to the others nor counts them dead (see .clock).
+        self.clock = RedisClock(server)
         self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.identity = {"host": procs.host_id(), "pid": os.getpid(), "started": procs.started_at()}
         self._last_beat = 0.0
 
     def beat(self, force: bool = False) -> None:
-        now = time.time()
+        now = self.clock.now()
         if force or now - self._last_beat >= min(1.0, self.ttl / 6):
             pipe = self.server.pipeline(transaction=False)
             pipe.hset(self.key, self.node_id, now)
@@ -57,7 +60,7 @@ class NodeRegistry:
 
     def live(self, now: float | None = None) -> dict[str, float]:
         """Live nodes (this one included if registered) -> last heartbeat."""
-        now = time.time() if now is None else now
+        now = self.clock.now() if now is None else now
         dead = set(self.dead_here())
         beats = {k.decode(): float(v) for k, v in self.server.hgetall(self.key).items()}
         return {n: t for n, t in beats.items() if t >= now - self.ttl and n not in dead}

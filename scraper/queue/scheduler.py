@@ -117,7 +117,7 @@ class SharedScheduler(Scheduler):
         if self.lease_timeout > 0:
             self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
                                  self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id,
-                                 shards=self.shards)
+                                 shards=self.shards, clock=self.nodes.clock)
             self.queue.leases = self.leases
             self.queue.barrier = self.barrier = ReplicaBarrier.needed(self.server, self.shards)
         if self.flush_on_start:
@@ -202,7 +202,7 @@ class SharedScheduler(Scheduler):
             self._begun(decision)
 
     def _report_run_wait(self, decision: Decision) -> None:
-        now = time.time()
+        now = self.nodes.clock.now()
         live = self.nodes.live(now)
         newest = max(live.values(), default=now)
         logger.info(
@@ -238,11 +238,24 @@ class SharedScheduler(Scheduler):
             self._next_reap = 0.0
             self._lease_loop.start(min(0.1, self._reap_every), now=False)
         self.nodes.beat(force=True)
+        self._say_skew()
         # Heartbeats also while the engine does not ask for requests (downloads saturated).
         self._beat_loop = task.LoopingCall(self._beat)
         self._beat_loop.start(min(1.0, self.node_ttl / 6), now=False)
         self.run_decision = decision
         logger.info("%s", self._start_line(decision))
+
+    def _say_skew(self) -> None:
+        """Leases and heartbeats use Redis' clock, so a skewed host does no harm to the run; but
+        its own timestamps (logs, archive records) are off, and it is said once."""
+        bound = get_float(self.crawler.settings, "RUNS_CLOCK_SKEW_WARN", 30.0, minimum=0)
+        skew = -self.nodes.clock.offset  # this host's clock minus Redis'
+        if bound and abs(skew) > bound:
+            logger.warning("This host's clock is %.0f s %s Redis' (more than RUNS_CLOCK_SKEW_WARN=%gs): leases and "
+                           "heartbeats use Redis' clock and are not affected, but this host's own timestamps "
+                           "(logs, archive records) are off; check its time synchronisation (NTP)",
+                           abs(skew), "ahead of" if skew > 0 else "behind", bound)
+            self.crawler.stats.set_value("run/clock_skew_seconds", round(skew, 1))
 
     def _start_line(self, decision: Decision) -> str:
         name, run_id = self.spider.name, decision.run_id
@@ -254,7 +267,7 @@ class SharedScheduler(Scheduler):
         details = [f"{queued:,} queued"]
         summary = self.run.lease_summary()
         if summary.stopped:
-            wait = max(0.0, summary.stopped_back_at - time.time())
+            wait = max(0.0, summary.stopped_back_at - self.nodes.clock.now())
             details.append(f"{summary.stopped:,} leased by {'a worker' if len(summary.stopped_owners) == 1 else 'workers'}"
                            f" that stopped; they return in {wait:.0f} s")
         return f"resuming run {run_id} of {name} ({', '.join(details)})"
@@ -510,7 +523,7 @@ class SharedScheduler(Scheduler):
                         "%s (in %.0f s, SCHEDULER_LEASE_TIMEOUT)", summary.stopped,
                         "a worker" if len(summary.stopped_owners) == 1 else "workers",
                         ", ".join(sorted(summary.stopped_owners)), time.strftime("%H:%M:%S", time.localtime(back)),
-                        max(0.0, back - time.time()))
+                        max(0.0, back - self.nodes.clock.now()))
         elif summary.live and now - self._lease_wait_since >= 10:
             self._last_lease_report = now
             logger.info("Waiting for %d requests leased by live workers: they finish there, or return to the "

@@ -32,7 +32,6 @@ nothing is marked gone), and the next start begins a fresh run from the seeds.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,7 +215,7 @@ class RunState:
         reply = self._begin(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
                   redeliveries, keys.responses_key(self.spider), *run_keys],
-            args=[self.nodes.node_id, time.time(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
+            args=[self.nodes.node_id, self.nodes.clock.now(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
                   self.figures_prefix, FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
         decision = Decision.from_reply(reply)
@@ -236,7 +235,7 @@ class RunState:
         outcome, live = self._leave(
             keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines,
                   keys.responses_key(self.spider), *run_keys],
-            args=[self.nodes.node_id, time.time(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
+            args=[self.nodes.node_id, self.nodes.clock.now(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
                   FIGURES_KEEP, *self._others(), len(dead), *dead],
         )
         outcome = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
