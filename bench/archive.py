@@ -47,7 +47,7 @@ def main() -> None:
         redis.Redis.from_url(redis_url).flushdb()
 
     with DemoSite(Catalog(products=products)) as site:
-        env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": db, "DEMO_SITE_URL": site.url,
+        env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": db, "DEMO_SITE_URL": site.url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
                "SCHEDULER_IDLE_TIMEOUT": "1", "METRICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
         fresh()
         plain = run(env, "crawl", "demo")

@@ -150,7 +150,7 @@ def main() -> None:
     dsn = recreate_database(found.database_url)
     site, url = start_site(args.products)
     workdir = Path(tempfile.mkdtemp(prefix="scraper-profile-"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
            "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
     results = {}
     try:

@@ -139,7 +139,7 @@ def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str,
     key = "bench-key-overhead"
     api, api_url = start_standin(key, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
                "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
         out = {}
         for name, extra in (("direct", {}), ("api", {"SCRAPING_API_KEY": key, "SCRAPING_API_URL": api_url})):
@@ -234,7 +234,7 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
     server.flushdb()
     drop_tables(dsn)
     site, url = start_site(products, 100)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
            "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCHEDULER_LEASE_TIMEOUT": str(lease),
            "CONCURRENT_REQUESTS": "8", "METRICS_ENABLED": "false", **(extra_env or {})}
     command = [sys.executable, "-m", "scrapy", "crawl", "demo"]
@@ -414,7 +414,7 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
     for delay in args.latency:
         site, url = start_site(args.products, delay)
         try:
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
                    "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
             where = f"{url} ({args.products} products, {delay} ms per page)"
             runs = []
@@ -498,7 +498,7 @@ def p3(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
         site, url = start_site(args.scale_products, 0 if route == "api" else delay)
         pages = site_pages(url)
         api = None
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
                "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "CONCURRENT_REQUESTS": str(args.scale_concurrency),
                "METRICS_ENABLED": "false"}
         if route == "api":
@@ -542,7 +542,7 @@ def p5(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
     drop_tables(dsn)
     site, url = start_site(args.p5_products, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
                "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
         r = crawl(env, [], dsn, server, rss_every=10.0, site_url=url)
     finally:
@@ -568,7 +568,7 @@ def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
 
     site, url = start_site(args.decoupled_products, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "REDIS_URL": redis_url,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
                "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
         print(f"\ndecoupled vs in-process: {args.decoupled_products} products, pages served instantly ...", flush=True)
         print(f"{'':40}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawl CPU s':>12}{'all CPU s':>10}{'pages/CPU s':>12}")

@@ -204,7 +204,16 @@ if _env("DOWNLOAD_POOL_PER_HOST") is not None:
 DOWNLOAD_HANDLERS = {
     "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
     "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
+    # A crawl node fetches the web, nothing else: a queue entry must not read local files or
+    # reach buckets and FTP servers with the node's credentials (see docs/security.md).
+    "file": None,
+    "s3": None,
+    "ftp": None,
+    "data": None,
 }
+# Networks a crawl node may fetch from although they are not public (CIDRs, comma-separated);
+# empty: public addresses only (scraper/middlewares/fetch_boundary.py).
+FETCH_ALLOW_NETWORKS = _env("FETCH_ALLOW_NETWORKS", "")
 # Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
 POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")
@@ -353,6 +362,9 @@ SCRAPING_API_ROBOTSTXT = _env("SCRAPING_API_ROBOTSTXT", "direct")  # direct | ap
 # retry (550) and redirect (600). Its API calls are sent by a private client, never through
 # the downloader: no other component ever sees them.
 DOWNLOADER_MIDDLEWARES = {
+    # Before anything spends a turn, a slot or a credit on it: http(s), public addresses, the
+    # spider's own domains.
+    "scraper.middlewares.fetch_boundary.FetchBoundaryMiddleware": 30,
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
     # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a
     # page fetched through it counts against its own site.

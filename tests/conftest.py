@@ -122,6 +122,8 @@ def crawl_env(services: Services, **extra: str) -> dict[str, str]:
         REDIS_URL=services.redis_url,
         DATABASE_URL=services.database_url,
         SCHEDULER_IDLE_TIMEOUT="1",
+        # The test sites listen on loopback, which crawl nodes otherwise refuse to fetch.
+        FETCH_ALLOW_NETWORKS="127.0.0.0/8,::1/128",
         POSTGRES_FLUSH_INTERVAL="0.2",
         PYTHONPATH=str(ROOT),
         # Many tests change the site between runs on purpose (fewer pages, other sections), which

@@ -81,6 +81,9 @@ class Command(ScrapyCommand):
         try:
             crawler = self.crawler_process.create_crawler("demo")
             crawler.settings.set("DEMO_SITE_URL", site.url, priority="cmdline")
+            if not crawler.settings.get("FETCH_ALLOW_NETWORKS"):
+                # The demo shop (and the API stand-in) listen on this machine's loopback.
+                crawler.settings.set("FETCH_ALLOW_NETWORKS", "127.0.0.0/8,::1/128", priority="cmdline")
             if opts.api:
                 api = StandIn(secrets.token_urlsafe(16)).start()
                 crawler.settings.set("SCRAPING_API_KEY", api.key, priority="cmdline")
