@@ -18,6 +18,7 @@ from . import backends, shared_state
 from .archive.config import read_config as read_archive_config
 from .config import get_bool, get_float, get_int
 from .politeness.limits import read_policy
+from .middlewares.fetch_boundary import allowed_networks
 from .processing.config import read_config as read_processing_config
 from .cleaning.numbers import check_locale as clean_locale
 from .quality.guard import check_mode as guard_mode
@@ -84,6 +85,7 @@ def validate(settings: BaseSettings) -> None:
     quality_settings(settings)  # QUALITY_*: thresholds and switches
     guard_mode(settings)  # QUALITY_ON_BREAK
     clean_locale(settings)  # CLEAN_LOCALE: a locale CLDR knows
+    allowed_networks(settings.get("FETCH_ALLOW_NETWORKS", ""))  # CIDRs
 
 
 class BackendsAddon:

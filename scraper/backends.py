@@ -49,6 +49,26 @@ class Backends:
         )
 
 
+# The placeholder passwords of .env.example: a deployment still using one is open to anyone
+# who reads the example (see docs/security.md).
+PLACEHOLDER_PASSWORDS = frozenset({"change-me", "changeme"})
+
+
+def refuse_placeholder_password(name: str, url: str) -> None:
+    """Raise ConfigError naming *name* when *url* carries a placeholder password."""
+    if not url:
+        return
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return  # a malformed URL is said by the check that connects
+    if password is not None and unquote(password).lower() in PLACEHOLDER_PASSWORDS:
+        raise ConfigError(f"{name}: its password is the placeholder {unquote(password)!r} of .env.example; "
+                          "set a real one (openssl rand -hex 24)")
+
+
 def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool = True) -> Backends:
     """Return the Redis and Postgres URLs to use, starting embedded servers when none is set.
 
@@ -62,6 +82,8 @@ def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool
     data_dir = str(embedded.data_dir(settings))
     register_url_password(redis_url)
     register_url_password(database_url)
+    for name, url in (("REDIS_URL", redis_url), ("DATABASE_URL", database_url)):
+        refuse_placeholder_password(name, url)
     key = (redis_url, database_url, data_dir, need_postgres, need_redis)
     with _lock:
         if key in _resolved:

@@ -48,3 +48,13 @@ def test_planted_entries_are_not_fetched_and_become_dead_letters(clean) -> None:
     assert not clean.query("SELECT url FROM products WHERE url NOT LIKE %s", (shop_url + "%",))
     assert not clean.query("SELECT url FROM rejects WHERE url LIKE 'file:%%' OR url LIKE '%%127.0.0.2%%'")
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
+
+
+def test_placeholder_passwords_and_bad_networks_fail_at_start_by_name(services) -> None:
+    from test_config_errors import check_one_line_error
+
+    env = crawl_env(services, REDIS_URL="redis://:change-me@127.0.0.1:6379/0")
+    line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "REDIS_URL")
+    assert "placeholder 'change-me'" in line and "change-me@" not in line
+    env = crawl_env(services, FETCH_ALLOW_NETWORKS="127.0.0.0/8,intranet")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "FETCH_ALLOW_NETWORKS")
