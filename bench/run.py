@@ -405,7 +405,8 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "upsert_unchanged": unchanged_rate}
 
 
-PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster", "decoupled", "reprocess")
+PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster", "decoupled", "reprocess",
+         "politeness")
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
 
@@ -621,6 +622,26 @@ def reprocess_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
         print(f"reprocess / live crawl, {name}: {ratio:.1f}x (aim >= 5x)", flush=True)
 
 
+def politeness_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    import politeness  # bench/politeness.py
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn}
+    cmp = "adaptive politeness, hidden limit"
+    print(f"\ncrawling {args.politeness_products} products against a hidden limit of {args.politeness_limit:g} "
+          f"requests/s, nothing declared ...", flush=True)
+    print(f"{'workers':>8}{'pages':>7}{'stored':>8}{'requests':>10}{'429s':>7}{'429 %':>7}{'pages/s':>9}"
+          f"{'settled req/s':>15}", flush=True)
+    for workers in args.politeness_workers:
+        server.flushdb()
+        drop_tables(dsn)
+        r = politeness.measure(env, dsn, args.politeness_limit, args.politeness_products, workers)
+        print(f"{workers:>8}{r['pages']:>7}{r['stored']:>5}/{r['valid_products']:<3}{r['requests']:>9}"
+              f"{r['throttled']:>7}{100 * r['throttled_share']:>6.1f}%{r['pages_per_s']:>9.1f}{r['settled_rate']:>15.1f}",
+              flush=True)
+        res.add(cmp, f"{workers} workers: 429s / requests", r["throttled_share"], "x", **r)
+        res.add(cmp, f"{workers} workers: settled rate / limit", r["settled_rate"] / args.politeness_limit, "x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
@@ -640,6 +661,9 @@ def main() -> None:
     parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
                         help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
     parser.add_argument("--decoupled-products", type=int, default=2000)
+    parser.add_argument("--politeness-products", type=int, default=500)
+    parser.add_argument("--politeness-limit", type=float, default=20.0, help="the site's hidden requests/s")
+    parser.add_argument("--politeness-workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
@@ -691,6 +715,8 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
         res.add("scraping-API path", "extra crawler CPU per page", extra, "ms")
     if "p1" in args.only:
         p1(args, res, redis_url, server, dsn)
+    if "politeness" in args.only:
+        politeness_part(args, res, redis_url, server, dsn)
     if "redelivery" in args.only:
         redelivery_part(res, redis_url, dsn)
     if "p3" in args.only:

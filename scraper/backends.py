@@ -206,5 +206,9 @@ def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool
     backends = resolve(settings, need_postgres, need_redis)
     settings.set("REDIS_URL", backends.redis_url, priority=priority)
     settings.set("DATABASE_URL", backends.database_url, priority=priority)
+    # Read by the fetch boundary: a queue only this machine writes to may send it to loopback.
+    # Only ever set: resolved again later, the embedded server's URL no longer looks embedded.
+    if backends.embedded_redis:
+        settings.set("REDIS_EMBEDDED", True, priority=priority)
     return backends
 

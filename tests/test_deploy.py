@@ -192,7 +192,8 @@ def scrapyd_deploy(project: Path, node: Scrapyd) -> None:
 
 def job_env(services: Services, site: DemoSite, **extra: str) -> dict[str, str]:
     env = dict(REDIS_URL=services.redis_url, DATABASE_URL=services.database_url, DEMO_SITE_URL=site.url,
-               SCHEDULER_IDLE_TIMEOUT="1", POSTGRES_FLUSH_INTERVAL="0.2")
+               SCHEDULER_IDLE_TIMEOUT="1", POSTGRES_FLUSH_INTERVAL="0.2",
+               FETCH_ALLOW_NETWORKS="127.0.0.0/8,::1/128")  # the demo site listens on loopback
     env.update(extra)
     return env
 

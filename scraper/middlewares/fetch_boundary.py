@@ -9,11 +9,13 @@ redirect too (a redirect is a new request through this middleware):
 * **public addresses only**: a host that is, or resolves to, a loopback, private, link-local
   (cloud metadata at 169.254.169.254), shared, multicast or reserved address is a dead letter
   ``forbidden_address``, unless ``FETCH_ALLOW_NETWORKS`` (CIDRs, comma-separated) names its
-  network: the demo, the tests and ``make demo`` allow loopback for their own site. Checked on
-  every address the name resolves to (Scrapy's DNS cache then serves the download the same);
+  network: the demo, the tests and ``make demo`` allow loopback for their own site, and so does
+  the embedded default (a Redis only this machine writes to) when the setting is empty. Checked
+  on every address the name resolves to (Scrapy's DNS cache then serves the download the same);
 * **the spider's own domains**: with ``allowed_domains``, a request for any other host is a dead
   letter ``offsite``, even one marked ``dont_filter`` (Scrapy's offsite check lets those pass; a
-  forged queue entry would mark itself so).
+  forged queue entry would mark itself so). The bundled demo spider declares none (``scrapy
+  seed`` hands it other sites); ``-a allowed_domains=shop.example`` bounds it.
 
 Verdicts are cached per host for ``DNSCACHE``-like lifetimes, so the check costs a dict lookup
 per request once a host is known.
@@ -44,6 +46,7 @@ SCHEMES = ("http", "https")
 _METADATA = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fd00:ec2::/32"),
              ipaddress.ip_network("100.64.0.0/10"))
 _VERDICT_TTL = 300.0
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 
 
 def allowed_networks(value: Any) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -74,7 +77,9 @@ def forbidden(address: str, allowed: list[Any]) -> bool:
 
 def on_domains(host: str, domains: Any) -> bool:
     """Whether *host* is one of *domains* or a subdomain of one (ports aside, as Scrapy's
-    offsite check matches them)."""
+    offsite check matches them). *domains* may be a comma-separated string (``-a allowed_domains=...``)."""
+    if isinstance(domains, str):
+        domains = domains.split(",")
     for domain in domains:
         domain = str(domain or "").lower().strip(".")
         if domain and (host == domain or host.endswith("." + domain)):
@@ -86,6 +91,10 @@ class FetchBoundaryMiddleware:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.allowed = allowed_networks(crawler.settings.get("FETCH_ALLOW_NETWORKS", ""))
+        if not self.allowed and crawler.settings.getbool("REDIS_EMBEDDED"):
+            # The embedded default: the queue is this machine's own, written by no one else, and
+            # the developer's site (`make demo-site`) listens on loopback.
+            self.allowed = list(LOOPBACK)
         self._verdicts: dict[str, tuple[str | None, float]] = {}  # host -> (reason or None, until)
 
     @classmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any, AsyncIterator, Iterator
-from urllib.parse import urlsplit
 
 import scrapy
 from scrapy.http import Response
@@ -23,15 +22,6 @@ class DemoSpider(CatalogSpider):
     # Shares of stored items that must have these fields (see README, Data quality): every
     # product on the shop has a brand and a release date.
     coverage = {"brand": 0.95, "released_at": 0.95}
-
-    @classmethod
-    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> "DemoSpider":
-        spider = super().from_crawler(crawler, *args, **kwargs)
-        # Its own shop only: a request for any other host, whoever queued it, is not fetched.
-        host = urlsplit(spider.site_url()).hostname
-        if host and not getattr(spider, "allowed_domains", None):
-            spider.allowed_domains = [host]
-        return spider
 
     async def start(self) -> AsyncIterator[Any]:
         yield scrapy.Request(self.site_url(), callback=self.parse)
