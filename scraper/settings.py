@@ -189,7 +189,16 @@ if _env("DOWNLOAD_POOL_PER_HOST") is not None:
 DOWNLOAD_HANDLERS = {
     "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
     "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
+    # A queue entry must not read local files, buckets or FTP servers through a crawl node.
+    "file": None,
+    "s3": None,
+    "ftp": None,
+    "data": None,
 }
+# Networks a crawl node may fetch from although they are not public (CIDR, comma-separated):
+# loopback, private, link-local and metadata addresses are refused otherwise
+# (scraper/middlewares/fetch_boundary.py). The demo and the tests allow 127.0.0.0/8.
+FETCH_ALLOW_NETWORKS = _env("FETCH_ALLOW_NETWORKS", "")
 # Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
 POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")
@@ -329,6 +338,8 @@ SCRAPING_API_ROBOTSTXT = _env("SCRAPING_API_ROBOTSTXT", "direct")  # direct | ap
 # retry (550) and redirect (600). Its API calls are sent by a private client, never through
 # the downloader: no other component ever sees them.
 DOWNLOADER_MIDDLEWARES = {
+    # Before anything may fetch (the API, the pool): refuses non-http(s), non-public, offsite.
+    "scraper.middlewares.fetch_boundary.FetchBoundaryMiddleware": 3,
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
     # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a
     # page fetched through it counts against its own site.

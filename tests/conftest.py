@@ -128,6 +128,8 @@ def crawl_env(services: Services, **extra: str) -> dict[str, str]:
         # the quality checks rightly call degraded; the exit status for that (3, the default) is
         # tested where it is the subject (test_quality), with this key removed.
         QUALITY_FAIL_EXIT="0",
+        # The test site and the services it stands for listen on loopback.
+        FETCH_ALLOW_NETWORKS="127.0.0.0/8",
     )
     env.update(extra)
     return env

@@ -1,0 +1,54 @@
+"""Whoever writes to the shared queue cannot point a worker at internal services or local files."""
+
+from __future__ import annotations
+
+import scrapy
+
+from scraper.demo_site import Catalog, DemoSite
+from scraper.queue.queues import PriorityQueue
+from scraper.redis_client import get_redis
+from scraper.spiders.demo import DemoSpider
+from tests.conftest import crawl_env, run_scrapy
+
+
+def _letters(env: dict[str, str]) -> list[str]:
+    listing = run_scrapy(env, "dlq", "list", "demo")
+    assert listing.returncode == 0, listing.stderr
+    return [line for line in listing.stdout.splitlines() if "attempts=" in line]
+
+
+def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean, tmp_path) -> None:
+    secret_file = tmp_path / "credentials"
+    secret_file.write_text("<html><body><h1>AKIA-SECRET</h1></body></html>")
+    catalog = Catalog(products=30)
+    # The "internal" service listens on another loopback address the crawl is not allowed.
+    with DemoSite(catalog) as site, DemoSite(Catalog(products=5), host="127.0.0.2") as internal:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, FETCH_ALLOW_NETWORKS="127.0.0.1/32")
+        queue = PriorityQueue(get_redis(clean.redis_url), DemoSpider(), "{demo}:requests")
+        spider = queue.spider
+        forged = [
+            scrapy.Request(internal.origin + "/latest/meta-data/iam/security-credentials/",
+                           callback=spider.parse_product, dont_filter=True),
+            scrapy.Request(internal.origin + "/admin/delete", method="POST", body=b"all=1",
+                           headers={"X-Admin": "1"}, callback=spider.parse_product, dont_filter=True),
+            scrapy.Request("http://169.254.169.254/latest/meta-data/", callback=spider.parse_product,
+                           dont_filter=True),
+            scrapy.Request(secret_file.as_uri(), callback=spider.parse_product, dont_filter=True),
+        ]
+        for request in forged:
+            queue.push(request)
+        result = run_scrapy(env, "crawl", "demo")
+        internal_hits = sum(internal.stats()["requests"].values())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert internal_hits == 0
+    assert "AKIA-SECRET" not in result.stderr
+    letters = _letters(env)
+    forbidden = [line for line in letters if "forbidden_address" in line]
+    scheme = [line for line in letters if "forbidden_scheme" in line]
+    assert len(forbidden) == 3 and len(scheme) == 1, letters
+    assert any(secret_file.as_uri() in line for line in scheme)
+    # Nothing planted: the rows are the shop's, and no reject carries the file's content.
+    stored = {r[0] for r in clean.query("SELECT sku FROM products")}
+    assert stored == {p.sku for p in catalog.valid_products()}
+    assert not clean.query("SELECT 1 FROM rejects WHERE item::text LIKE '%AKIA-SECRET%'")
+    assert "dead_letters/forbidden_address" in result.stderr
