@@ -25,6 +25,8 @@ from scraper.demo_site import Catalog, DemoSite  # noqa: E402
 
 # The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
 os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
+# Its crawls share a Redis, which requires a fleet secret to sign queue entries with.
+os.environ.setdefault("SCHEDULER_SECRET", "bench-fleet-secret-0123456789")
 
 
 def run(env: dict[str, str], *args: str) -> float:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import scrapy
 
 from scraper.demo_site import Catalog, DemoSite
+from scraper.queue import serializer, signing
 from scraper.queue.queues import PriorityQueue
+from scraper.queue.requests import request_to_dict
 from scraper.redis_client import get_redis
 from scraper.spiders.demo import DemoSpider
 from tests.conftest import crawl_env, run_scrapy
@@ -37,6 +41,13 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
         ]
         for request in forged:
             queue.push(request)
+        # Written by someone without the fleet secret: plain JSON, and signed with another key.
+        product = catalog.valid_products()[0]
+        plain = serializer.dumps(request_to_dict(
+            scrapy.Request(internal.origin + "/p/unsigned.html", callback=spider.parse_product), spider, {}))
+        redis = get_redis(clean.redis_url)
+        redis.zadd("{demo}:requests", {plain: 0})
+        redis.zadd("{demo}:requests", {signing.Signer("not-the-fleet-secret").sign(plain): 0})
         result = run_scrapy(env, "crawl", "demo")
         internal_hits = sum(internal.stats()["requests"].values())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -45,10 +56,18 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
     letters = _letters(env)
     forbidden = [line for line in letters if "forbidden_address" in line]
     scheme = [line for line in letters if "forbidden_scheme" in line]
-    assert len(forbidden) == 3 and len(scheme) == 1, letters
+    unsigned = [line for line in letters if "unsigned" in line]
+    assert len(forbidden) == 3 and len(scheme) == 1 and len(unsigned) == 2, letters
+    assert product.sku in {r[0] for r in clean.query("SELECT sku FROM products")}
+    # Not requeueable as is: a requeue would give them the fleet's signature.
+    requeued = run_scrapy(env, "dlq", "requeue", "demo", "--reason", "unsigned")
+    assert requeued.returncode == 0, requeued.stderr
+    assert clean.redis().zcard("{demo}:requests") == 0
+    assert len([line for line in _letters(env) if "unsigned" in line]) == 2
     assert any(secret_file.as_uri() in line for line in scheme)
     # Nothing planted: the rows are the shop's, and no reject carries the file's content.
     stored = {r[0] for r in clean.query("SELECT sku FROM products")}
     assert stored == {p.sku for p in catalog.valid_products()}
     assert not clean.query("SELECT 1 FROM rejects WHERE item::text LIKE '%AKIA-SECRET%'")
-    assert "dead_letters/forbidden_address" in result.stderr
+    assert "dead_letters/forbidden_address" in result.stderr and "dead_letters/unsigned" in result.stderr
+    assert os.environ["SCHEDULER_SECRET"] not in result.stderr + "\n".join(letters)
