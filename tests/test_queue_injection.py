@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import stat
 
+import pytest
 import scrapy
+from scrapy.settings import Settings
 
+from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import serializer, signing
 from scraper.queue.queues import PriorityQueue
 from scraper.queue.requests import request_to_dict
 from scraper.redis_client import get_redis
+from scraper.secrets import redact
 from scraper.spiders.demo import DemoSpider
 from tests.conftest import crawl_env, run_scrapy
 
@@ -71,3 +76,32 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
     assert not clean.query("SELECT 1 FROM rejects WHERE item::text LIKE '%AKIA-SECRET%'")
     assert "dead_letters/forbidden_address" in result.stderr and "dead_letters/unsigned" in result.stderr
     assert os.environ["SCHEDULER_SECRET"] not in result.stderr + "\n".join(letters)
+
+
+def test_rotation_accepts_the_previous_secret_and_refuses_others() -> None:
+    payload = b'{"url": "http://shop.test/"}'
+    rotated = signing.Signer("new-secret-0123456789", "old-secret-0123456789")
+    assert rotated.verify(signing.Signer("old-secret-0123456789").sign(payload)) == payload
+    assert rotated.verify(rotated.sign(payload)) == payload
+    for forged in (payload, signing.Signer("stolen-0123456789").sign(payload), rotated.sign(payload) + b" "):
+        with pytest.raises(signing.UnsignedEntry):
+            rotated.verify(forged)
+    # Once the window is over the old secret's entries are refused.
+    with pytest.raises(signing.UnsignedEntry):
+        signing.Signer("new-secret-0123456789").verify(signing.Signer("old-secret-0123456789").sign(payload))
+
+
+def test_the_secret_is_required_with_a_shared_redis_and_kept_0600_for_the_embedded_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("SCHEDULER_SECRET", raising=False)
+    monkeypatch.delenv("SCHEDULER_SECRET_PREVIOUS", raising=False)
+    with pytest.raises(ConfigError, match=r"^SCHEDULER_SECRET: required"):
+        signing.resolve_secret(Settings({"REDIS_URL": "redis://10.0.0.5:6379/0"}))
+    with pytest.raises(ConfigError, match=r"^SCHEDULER_SECRET: still the placeholder"):
+        signing.resolve_secret(Settings({"REDIS_URL": "redis://10.0.0.5/0", "SCHEDULER_SECRET": "change-me"}))
+    with pytest.raises(ConfigError, match=r"^REDIS_URL: its password"):
+        signing.resolve_secret(Settings({"REDIS_URL": "redis://:change-me@redis/0", "SCHEDULER_SECRET": "s" * 32}))
+    embedded = Settings({"REDIS_URL": "", "DATA_DIR": str(tmp_path)})
+    first, _ = signing.resolve_secret(embedded)
+    assert len(first) >= 32 and signing.resolve_secret(embedded)[0] == first  # made once, kept
+    assert stat.S_IMODE((tmp_path / signing.SECRET_FILE).stat().st_mode) == 0o600
+    assert redact(f"secret={first}") == "secret=***"

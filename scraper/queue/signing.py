@@ -16,7 +16,6 @@ signed with either are accepted; once the queue holds no entry older than the sw
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import os
 import secrets as _random
@@ -43,7 +42,7 @@ class Signer:
         return "Signer(***)"
 
     def _mac(self, key: bytes, payload: bytes) -> bytes:
-        return base64.urlsafe_b64encode(hmac.new(key, payload, hashlib.sha256).digest())[:_SIG_LEN]
+        return base64.urlsafe_b64encode(hmac.digest(key, payload, "sha256"))[:_SIG_LEN]
 
     def sign(self, payload: bytes) -> bytes:
         return PREFIX + self._mac(self._key, payload) + b"." + payload
