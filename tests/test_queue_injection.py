@@ -17,7 +17,7 @@ from scraper.queue.requests import request_to_dict
 from scraper.redis_client import get_redis
 from scraper.secrets import redact
 from scraper.spiders.demo import DemoSpider
-from tests.conftest import crawl_env, run_scrapy
+from conftest import crawl_env, run_scrapy
 
 
 def _letters(env: dict[str, str]) -> list[str]:
