@@ -100,6 +100,8 @@ def test_the_secret_is_required_with_a_shared_redis_and_kept_0600_for_the_embedd
         signing.resolve_secret(Settings({"REDIS_URL": "redis://10.0.0.5/0", "SCHEDULER_SECRET": "change-me"}))
     with pytest.raises(ConfigError, match=r"^REDIS_URL: its password"):
         signing.resolve_secret(Settings({"REDIS_URL": "redis://:change-me@redis/0", "SCHEDULER_SECRET": "s" * 32}))
+    # The embedded Redis: no REDIS_URL, or the unix socket backends.apply writes for it.
+    assert signing.resolve_secret(Settings({"REDIS_URL": f"unix://{tmp_path}/redis.sock", "DATA_DIR": str(tmp_path)}))
     embedded = Settings({"REDIS_URL": "", "DATA_DIR": str(tmp_path)})
     first, _ = signing.resolve_secret(embedded)
     assert len(first) >= 32 and signing.resolve_secret(embedded)[0] == first  # made once, kept

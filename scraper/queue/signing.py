@@ -69,7 +69,12 @@ def unwrap(data: bytes | str) -> bytes | str:
     return data
 
 
-def resolve_secret(settings: Any) -> tuple[str, str]:
+def check(settings: Any) -> None:
+    """At start: :class:`ConfigError` for a missing or placeholder secret, nothing written."""
+    resolve_secret(settings, keep=False)
+
+
+def resolve_secret(settings: Any, keep: bool = True) -> tuple[str, str]:
     """(secret, previous), or :class:`ConfigError` naming ``SCHEDULER_SECRET``."""
     # The environment too: settings built in code (scrapy.utils.test, tools) skip settings.py.
     secret = str(settings.get("SCHEDULER_SECRET") or os.environ.get("SCHEDULER_SECRET") or "").strip()
@@ -83,8 +88,13 @@ def resolve_secret(settings: Any) -> tuple[str, str]:
         if password and password.lower().startswith("change-me"):
             raise ConfigError(f"{name}: its password is still the placeholder of .env.example; set a random one")
     if not secret:
-        if str(settings.get("REDIS_URL") or "").strip():
+        # The embedded Redis (a unix socket under DATA_DIR, see backends.py) is this machine's
+        # alone: its nodes share the kept secret. Anything else may be shared.
+        redis_url = str(settings.get("REDIS_URL") or "").strip()
+        if redis_url and not redis_url.startswith("unix://"):
             raise ConfigError("SCHEDULER_SECRET: required with a shared Redis (REDIS_URL), the same on every node")
+        if not keep:
+            return "", previous
         secret = _kept_secret(settings)
     register_secret(secret)
     register_secret(previous)
