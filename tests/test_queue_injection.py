@@ -107,3 +107,24 @@ def test_the_secret_is_required_with_a_shared_redis_and_kept_0600_for_the_embedd
     assert len(first) >= 32 and signing.resolve_secret(embedded)[0] == first  # made once, kept
     assert stat.S_IMODE((tmp_path / signing.SECRET_FILE).stat().st_mode) == 0o600
     assert redact(f"secret={first}") == "secret=***"
+
+
+def test_the_boundary_refuses_internal_addresses_and_hosts_outside_allowed_domains() -> None:
+    from scrapy.utils.test import get_crawler
+
+    from scraper.middlewares.fetch_boundary import FetchBoundaryMiddleware
+
+    class Shop(scrapy.Spider):
+        name = "shop"
+        allowed_domains = ["shop.test"]
+
+    boundary = FetchBoundaryMiddleware(get_crawler(Shop, {"FETCH_ALLOW_NETWORKS": "10.1.0.0/16"}))
+    spider = Shop()
+    assert not boundary._offsite("shop.test", spider) and not boundary._offsite("www.shop.test", spider)
+    assert boundary._offsite("evilshop.test", spider) and boundary._offsite("169.254.169.254", spider)
+    refused = ("127.0.0.1", "10.2.0.1", "192.168.1.1", "169.254.169.254", "::1", "fe80::1", "0.0.0.0",
+               "::ffff:127.0.0.1", "100.64.0.1", "224.0.0.1")
+    assert not any(boundary.address_allowed(a) for a in refused)
+    assert boundary.address_allowed("10.1.2.3") and boundary.address_allowed("93.184.216.34")
+    with pytest.raises(ConfigError, match="^FETCH_ALLOW_NETWORKS"):
+        FetchBoundaryMiddleware(get_crawler(Shop, {"FETCH_ALLOW_NETWORKS": "10.1.0.0/33"}))
