@@ -128,3 +128,19 @@ def test_the_boundary_refuses_internal_addresses_and_hosts_outside_allowed_domai
     assert boundary.address_allowed("10.1.2.3") and boundary.address_allowed("93.184.216.34")
     with pytest.raises(ConfigError, match="^FETCH_ALLOW_NETWORKS"):
         FetchBoundaryMiddleware(get_crawler(Shop, {"FETCH_ALLOW_NETWORKS": "10.1.0.0/33"}))
+
+
+def test_a_processing_stream_entry_without_the_fleet_signature_is_refused() -> None:
+    import zlib
+
+    from scraper.processing import entry as entries
+    from scraper.queue import serializer as json
+
+    head = json.dumps({"url": "http://shop.test/p/1.html", "status": 200, "headers": [], "flags": [],
+                       "run": None, "request": {"url": "http://shop.test/p/1.html"}})
+    body = zlib.compress(b"<html>planted</html>")
+    for signature in (b"", signing.Signer("stolen-0123456789").tag(head + b"\0" + body)):
+        with pytest.raises(signing.UnsignedEntry):
+            entries.decode({b"m": head, b"b": body, b"s": signature})
+    good = entries.decode({b"m": head, b"b": body, b"s": signing.current().tag(head + b"\0" + body)})
+    assert good.body == b"<html>planted</html>"

@@ -47,6 +47,14 @@ class Signer:
     def sign(self, payload: bytes) -> bytes:
         return PREFIX + self._mac(self._key, payload) + b"." + payload
 
+    def tag(self, payload: bytes) -> bytes:
+        """The signature alone, for records that keep it in a field of their own (the stream)."""
+        return self._mac(self._key, payload)
+
+    def check_tag(self, payload: bytes, tag: bytes) -> None:
+        if not any(hmac.compare_digest(tag, self._mac(key, payload)) for key in self._keys):
+            raise UnsignedEntry("signature does not match" if tag else "no signature")
+
     def verify(self, data: bytes | str) -> bytes:
         """The JSON inside a signed entry; :class:`UnsignedEntry` if the signature fails."""
         if isinstance(data, str):
