@@ -64,6 +64,9 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
     unsigned = [line for line in letters if "unsigned" in line]
     assert len(forbidden) == 3 and len(scheme) == 1 and len(unsigned) == 2, letters
     assert product.sku in {r[0] for r in clean.query("SELECT sku FROM products")}
+    shown = run_scrapy(env, "dlq", "show", "demo", unsigned[0].split()[0])
+    assert shown.returncode == 0 and "reason:    unsigned" in shown.stdout, shown.stdout + shown.stderr
+    assert "/p/unsigned.html" in shown.stdout
     # Not requeueable as is: a requeue would give them the fleet's signature.
     requeued = run_scrapy(env, "dlq", "requeue", "demo", "--reason", "unsigned")
     assert requeued.returncode == 0, requeued.stderr
