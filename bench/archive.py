@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from scraper.demo_site import Catalog, DemoSite  # noqa: E402
 
+# The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
+os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
+# Its crawls share a Redis, which requires a fleet secret to sign queue entries with.
+os.environ.setdefault("SCHEDULER_SECRET", "bench-fleet-secret-0123456789")
+
 
 def run(env: dict[str, str], *args: str) -> float:
     out = subprocess.run([sys.executable, "-m", "scrapy", *args], cwd=ROOT, env=env, capture_output=True, text=True)

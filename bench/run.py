@@ -74,6 +74,11 @@ from scraper.storage.upsert import Row, TableUpserter  # noqa: E402
 from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
 from results import Results  # noqa: E402
 
+# The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
+os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
+# Its crawls share a Redis, which requires a fleet secret to sign queue entries with.
+os.environ.setdefault("SCHEDULER_SECRET", "bench-fleet-secret-0123456789")
+
 # Recreated (DROP … WITH (FORCE)) by each run: two benches sharing a server need a name each.
 BENCH_DB = os.environ.get("BENCH_DATABASE") or "scraper_bench"
 

@@ -37,6 +37,11 @@ from scraper.queue.nodes import NodeRegistry  # noqa: E402
 from scraper.runs import record  # noqa: E402
 from scraper.runs.state import RunState  # noqa: E402
 
+# The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
+os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
+# Its crawls share a Redis, which requires a fleet secret to sign queue entries with.
+os.environ.setdefault("SCHEDULER_SECRET", "bench-fleet-secret-0123456789")
+
 
 def bookkeeping(redis_url: str, dsn: str, repeat: int) -> dict[str, list[float]]:
     server = redis.Redis.from_url(redis_url)

@@ -25,6 +25,7 @@ from .quality.guard import check_mode as guard_mode
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 from .queue.shards import shards_setting
+from .queue.signing import check as secret_required
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def validate(settings: BaseSettings) -> None:
     guard_mode(settings)  # QUALITY_ON_BREAK
     clean_locale(settings)  # CLEAN_LOCALE: a locale CLDR knows
     allowed_networks(settings.get("FETCH_ALLOW_NETWORKS", ""))  # CIDRs
+    secret_required(settings)  # SCHEDULER_SECRET: set with a shared Redis, no change-me anywhere
 
 
 class BackendsAddon:

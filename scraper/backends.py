@@ -23,7 +23,7 @@ from redis.exceptions import RedisClusterException
 from scrapy.settings import BaseSettings
 
 from . import embedded
-from .config import ConfigError, mask_url
+from .config import ConfigError, mask_url, refuse_placeholder_password
 from .logs import quiet_embedded_servers
 from .secrets import install_log_redaction, redact, register_url_password
 
@@ -47,26 +47,6 @@ class Backends:
             f"Backends(redis={mask_url(self.redis_url)!r}, database={mask_url(self.database_url)!r}, "
             f"embedded_redis={self.embedded_redis}, embedded_postgres={self.embedded_postgres})"
         )
-
-
-# The placeholder passwords of .env.example: a deployment still using one is open to anyone
-# who reads the example (see docs/security.md).
-PLACEHOLDER_PASSWORDS = frozenset({"change-me", "changeme"})
-
-
-def refuse_placeholder_password(name: str, url: str) -> None:
-    """Raise ConfigError naming *name* when *url* carries a placeholder password."""
-    if not url:
-        return
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return  # a malformed URL is said by the check that connects
-    if password is not None and unquote(password).lower() in PLACEHOLDER_PASSWORDS:
-        raise ConfigError(f"{name}: its password is the placeholder {unquote(password)!r} of .env.example; "
-                          "set a real one (openssl rand -hex 24)")
 
 
 def resolve(settings: BaseSettings, need_postgres: bool = True, need_redis: bool = True) -> Backends:

@@ -7,7 +7,7 @@ with one line that names the setting, instead of a traceback deep inside a compo
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy.settings import BaseSettings
 
@@ -99,3 +99,21 @@ def domain_entries(value: object, name: str, expected: str, separators: str = ",
             raise ConfigError(f"{name}: expected {expected}, got {part!r}")
         entries.append((domain, spec))
     return entries
+
+
+# The placeholder passwords of .env.example: a deployment still using one is open to anyone
+# who reads the example (see docs/security.md).
+PLACEHOLDERS = ("change-me", "changeme")
+
+
+def refuse_placeholder_password(name: str, url: str) -> None:
+    """Raise ConfigError naming *name* when *url* carries a placeholder password."""
+    if not url:
+        return
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return  # a malformed URL is said by the check that connects
+    if password is not None and unquote(password).lower().startswith(PLACEHOLDERS):
+        raise ConfigError(f"{name}: its password is the placeholder {unquote(password)!r} of .env.example; "
+                          "set a real one (openssl rand -hex 24)")

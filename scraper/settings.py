@@ -211,9 +211,16 @@ DOWNLOAD_HANDLERS = {
     "ftp": None,
     "data": None,
 }
-# Networks a crawl node may fetch from although they are not public (CIDRs, comma-separated);
-# empty: public addresses only (scraper/middlewares/fetch_boundary.py).
+# Networks a crawl node may fetch from although they are not public (CIDR, comma-separated):
+# loopback, private, link-local and metadata addresses are refused otherwise
+# (scraper/middlewares/fetch_boundary.py). The demo and the tests allow 127.0.0.0/8; empty with the
+# embedded Redis, loopback is allowed (a queue only this machine writes to).
 FETCH_ALLOW_NETWORKS = _env("FETCH_ALLOW_NETWORKS", "")
+# The fleet secret every queue entry is signed with (scraper/queue/signing.py): required with a
+# shared Redis (REDIS_URL), made once under DATA_DIR for the embedded one. The previous value is
+# accepted for verification during a rotation.
+SCHEDULER_SECRET = _env("SCHEDULER_SECRET", "")
+SCHEDULER_SECRET_PREVIOUS = _env("SCHEDULER_SECRET_PREVIOUS", "")
 # Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
 POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")

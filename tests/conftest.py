@@ -116,6 +116,11 @@ def site(catalog: Catalog):
         yield running
 
 
+# The fleet secret of every crawl and queue the tests make (a shared Redis requires one).
+TEST_SCHEDULER_SECRET = "test-fleet-secret-0123456789"
+os.environ.setdefault("SCHEDULER_SECRET", TEST_SCHEDULER_SECRET)
+
+
 def crawl_env(services: Services, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
     env.update(
@@ -130,6 +135,7 @@ def crawl_env(services: Services, **extra: str) -> dict[str, str]:
         # the quality checks rightly call degraded; the exit status for that (3, the default) is
         # tested where it is the subject (test_quality), with this key removed.
         QUALITY_FAIL_EXIT="0",
+        SCHEDULER_SECRET=TEST_SCHEDULER_SECRET,
     )
     env.update(extra)
     return env

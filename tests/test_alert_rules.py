@@ -30,6 +30,7 @@ DATASOURCES = MONITORING / "grafana" / "provisioning" / "datasources" / "prometh
 DASHBOARD_PROVIDERS = MONITORING / "grafana" / "provisioning" / "dashboards" / "scraper.yml"
 
 ALERT_NAMES = {
+    "ScraperQueueTampered",
     "ScraperQueueBacklog",
     "ScraperHighErrorRate",
     "ScraperCrawlStalled",

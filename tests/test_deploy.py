@@ -30,7 +30,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, Services
+from conftest import ROOT, TEST_SCHEDULER_SECRET, Services
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
 from tools import ensure_binary
@@ -193,7 +193,8 @@ def scrapyd_deploy(project: Path, node: Scrapyd) -> None:
 def job_env(services: Services, site: DemoSite, **extra: str) -> dict[str, str]:
     env = dict(REDIS_URL=services.redis_url, DATABASE_URL=services.database_url, DEMO_SITE_URL=site.url,
                SCHEDULER_IDLE_TIMEOUT="1", POSTGRES_FLUSH_INTERVAL="0.2",
-               FETCH_ALLOW_NETWORKS="127.0.0.0/8,::1/128")  # the demo site listens on loopback
+               # The fleet secret and the loopback test site, as crawl_env gives every crawl.
+               SCHEDULER_SECRET=TEST_SCHEDULER_SECRET, FETCH_ALLOW_NETWORKS="127.0.0.0/8")
     env.update(extra)
     return env
 

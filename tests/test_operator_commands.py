@@ -7,6 +7,7 @@ import re
 import socket
 
 from conftest import crawl_env, run_scrapy, run_scrapy_many
+from scraper.queue import signing
 from scraper.demo_site import Catalog, DemoSite
 
 BANNER = "Scrapy 2.19.0 started"
@@ -48,7 +49,7 @@ def test_seeds_are_seen_and_dead_letters_are_one_per_request(clean) -> None:
         first = run_scrapy(env, *crawl_args)
         hits = site.stats()["requests"]
         requeued = run_scrapy(env, "dlq", "requeue", "demo", "--all")
-        back = [json.loads(m) for m in clean.redis().zrange("{demo}:requests", 0, -1)]
+        back = [json.loads(signing.unwrap(m)) for m in clean.redis().zrange("{demo}:requests", 0, -1)]
         second = run_scrapy(env, *crawl_args)
     relisted = run_scrapy(env, "dlq", "list", "demo")
     shown = run_scrapy(env, "dlq", "show", "demo", "0")

@@ -7,7 +7,7 @@ import json
 import pytest
 import scrapy
 
-from scraper.queue import serializer
+from scraper.queue import serializer, signing
 from scraper.queue.queues import PriorityQueue, RequestSerializationError
 from scraper.queue.requests import request_from_dict
 from scraper.redis_client import get_redis
@@ -39,7 +39,8 @@ def test_request_round_trips_through_redis_as_json(queue) -> None:
     )
     queue.push(request)
     raw = queue.server.zrange(queue.key, 0, 0)[0]
-    json.loads(raw)  # plain JSON on the wire, never pickle
+    assert raw.startswith(signing.PREFIX)  # signed with the fleet secret
+    json.loads(signing.unwrap(raw))  # plain JSON on the wire, never pickle
     assert not raw.startswith(b"\x80")
     got = queue.pop()
     assert got.url == request.url and got.method == "POST" and got.body == request.body
@@ -81,7 +82,8 @@ def test_corrupt_entry_is_set_aside_not_lost(queue) -> None:
     popped = [queue.pop(), queue.pop()]
     assert [r.url for r in popped if r] == ["http://127.0.0.1/ok"]
     [letter] = [json.loads(x) for x in queue.server.lrange("{queue_test}:dead", 0, -1)]
-    assert letter["reason"].startswith("unreadable") and letter["attempts"] == 1
+    # Not signed by a node: set aside as unsigned before anything reads it.
+    assert letter["reason"] == "unsigned" and letter["attempts"] == 1
     assert letter["request"].encode("utf-8", "surrogateescape") != b"" and "garbage" in letter["request"]
 
 
@@ -131,7 +133,7 @@ def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:
 
     queue.push(scrapy.Request("http://127.0.0.1/robots.txt", callback=NO_CALLBACK,
                               meta={"handle_httpstatus_list": SequenceExclude(range(300, 400))}))
-    json.loads(queue.server.zrange(queue.key, 0, 0)[0])
+    json.loads(signing.unwrap(queue.server.zrange(queue.key, 0, 0)[0]))
     got = queue.pop()
     assert got.callback is NO_CALLBACK
     statuses = got.meta["handle_httpstatus_list"]
@@ -154,7 +156,7 @@ def test_a_request_taken_back_by_the_process_that_queued_it_is_the_object_itself
     queue.stage(theirs)
     assert queue.flush_staged() == (2, 0)
     for raw in queue.server.zrange(queue.key, 0, -1):
-        json.loads(raw)
+        json.loads(signing.unwrap(raw))
     queue.leases = Leases(queue.server, "queue_test", queue.key, "{queue_test}:dead", ttl=30, owner="A")
     got = queue.pop()
     assert got is mine and got.meta["_lease"] in queue.leases.mine

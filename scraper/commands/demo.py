@@ -88,6 +88,9 @@ class Command(ScrapyCommand):
                 api = StandIn(secrets.token_urlsafe(16)).start()
                 crawler.settings.set("SCRAPING_API_KEY", api.key, priority="cmdline")
                 crawler.settings.set("SCRAPING_API_URL", api.url, priority="cmdline")
+            if "FETCH_ALLOW_NETWORKS" not in os.environ:
+                # The demo shop (and the API stand-in) listen on loopback, refused otherwise.
+                crawler.settings.set("FETCH_ALLOW_NETWORKS", "127.0.0.0/8", priority="cmdline")
             if "SCHEDULER_IDLE_TIMEOUT" not in os.environ:
                 # Nobody else works on this queue: no need to wait for other nodes.
                 crawler.settings.set("SCHEDULER_IDLE_TIMEOUT", 1, priority="cmdline")

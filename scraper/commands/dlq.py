@@ -18,7 +18,7 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
-from ..queue import serializer
+from ..queue import serializer, signing
 from ..queue.dead_letters import DeadLetters
 from ..queue import keys, shards
 from ..redis_client import get_redis
@@ -41,8 +41,9 @@ def describe(index: int, letter: dict[str, Any]) -> str:
         f"last at {_when(letter.get('at', 0))}",
     ]
     try:
-        request = serializer.loads(letter["request"])
-    except (ValueError, TypeError, KeyError):
+        # An unsigned letter may carry a forged signature: shown for what it claims, never trusted.
+        request = serializer.loads(signing.unwrap(letter["request"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
         lines.append(f"  unreadable request: {str(letter.get('request'))[:BODY_SHOWN]}")
         return "\n".join(lines)
     lines.append(f"  request:   {request.get('method', 'GET')} {request.get('url')}")

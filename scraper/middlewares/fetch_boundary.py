@@ -91,7 +91,9 @@ class FetchBoundaryMiddleware:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.allowed = allowed_networks(crawler.settings.get("FETCH_ALLOW_NETWORKS", ""))
-        if not self.allowed and crawler.settings.getbool("REDIS_EMBEDDED"):
+        embedded = crawler.settings.getbool("REDIS_EMBEDDED") or str(
+            crawler.settings.get("REDIS_URL") or "").startswith("unix://")
+        if not self.allowed and embedded:
             # The embedded default: the queue is this machine's own, written by no one else, and
             # the developer's site (`make demo-site`) listens on loopback.
             self.allowed = list(LOOPBACK)

@@ -20,7 +20,7 @@ from scrapy import Request
 from scrapy.http import Headers, Response
 from scrapy.responsetypes import responsetypes
 
-from ..queue import serializer
+from ..queue import serializer, signing
 from ..queue.requests import request_from_dict, request_to_dict
 from ..queue.serializer import SerializationError
 
@@ -81,11 +81,14 @@ def encode(request: Request, response: Response, spider: Any, run_id: int | None
     ]
     head = {"url": response.url, "status": response.status, "headers": headers, "flags": list(response.flags),
             "run": run_id, "request": data}
-    return {"m": serializer.dumps(head), "b": zlib.compress(response.body, ZLIB_LEVEL)}
+    m, b = serializer.dumps(head), zlib.compress(response.body, ZLIB_LEVEL)
+    # Signed as queue entries are: a forged entry would plant rows and queue the links it holds.
+    return {"m": m, "b": b, "s": signing.current().tag(m + b"\0" + b)}
 
 
 def decode(fields: dict[bytes, bytes]) -> Entry:
     """Raises ``ValueError`` (or ``zlib.error``) for fields that :func:`encode` did not write."""
+    signing.current().check_tag(fields[b"m"] + b"\0" + fields.get(b"b", b""), fields.get(b"s", b""))
     head = serializer.loads(fields[b"m"])
     request = head["request"]
     if not isinstance(request, dict) or "url" not in request:

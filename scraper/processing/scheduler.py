@@ -28,7 +28,7 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
-from ..queue import keys
+from ..queue import keys, signing
 from ..queue.dead_letters import DeadLetters
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.shards import for_spider
@@ -122,6 +122,9 @@ class StreamScheduler(SharedScheduler):
                 continue
             try:
                 decoded = entries.decode(fields)
+            except signing.UnsignedEntry:  # not written by a fetcher of this fleet
+                self.stats.inc_value("dead_letters/unsigned")
+                self._bury(entry_id, fields, deliveries, "unsigned")
             except Exception as exc:  # written by something else than a fetcher: set aside, never retried
                 self._bury(entry_id, fields, deliveries, f"processing: unreadable stream entry ({exc})"[:300])
                 continue

@@ -22,7 +22,7 @@ import redis
 from scrapy import Request
 
 from ..redis_client import pipeline_eval
-from . import serializer
+from . import serializer, signing
 from .keys import dead_index_key, dead_key, queue_key
 from .requests import is_leaked_api_call
 
@@ -39,6 +39,9 @@ def entry(reason: str, attempts: int, url: str | None, data: str | bytes, count:
         {"at": time.time(), "reason": reason, "attempts": attempts, "url": url, "request": data, "count": count},
         ensure_ascii=False,
     )
+
+
+UNSIGNED = "unsigned"
 
 
 def identity(request: Request) -> str:
@@ -72,7 +75,8 @@ class DeadLetters:
             data = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
             self.server.rpush(self.key, entry(reason, attempts, None, data))
             return 1
-        data = self.queue._encode_request(request)
+        # Kept unsigned: a requeue signs it again, with the secret of its day.
+        data = signing.unwrap(self.queue._encode_request(request))
         ident = identity(request)
         with self.server.pipeline(transaction=True) as pipe:
             while True:
@@ -105,10 +109,15 @@ class DeadLetters:
         They bypass the seen-set, as a redelivery must. Returns how many were requeued."""
         from .queues import score_for
 
+        signer = signing.current()
+
         def move(pipe: Any, letter: dict[str, Any]) -> bool:
+            if str(letter.get("reason", "")).startswith(UNSIGNED):
+                return False  # never signed by a node: requeued, it would gain the fleet's authority
             try:
-                data = fresh_request(letter["request"])
-                priority = int(json.loads(data).get("priority", 0))
+                plain = fresh_request(letter["request"])
+                priority = int(json.loads(plain).get("priority", 0))
+                data = signer.sign(plain)
             except (ValueError, TypeError, AttributeError):
                 return False  # an unreadable entry stays for a human to look at
             if self.queue.shards is None:
@@ -116,7 +125,7 @@ class DeadLetters:
             else:
                 # The shard's queue is in another slot than the dead letters, so not in their
                 # transaction: queued first, then taken off the list (a crash repeats, never drops).
-                shard = self.queue.shards.of_url(str(json.loads(data).get("url", "")))
+                shard = self.queue.shards.of_url(str(json.loads(plain).get("url", "")))
                 self.server.zadd(self.queue.keys[shard], {data: score_for(priority)})
             return True
 

@@ -17,6 +17,7 @@ from scrapy import Request
 from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
 from . import serializer as json_serializer
+from . import signing
 from .dead_letters import entry as dead_entry
 from .keys import dead_key, queue_key
 from .requests import is_leaked_api_call, request_from_dict, request_to_dict
@@ -63,6 +64,8 @@ class PriorityQueue(_RedisPriorityQueue):
                  shards: Shards | None = None) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         self._callback_names: dict[Any, str] = {}
+        # Every entry written is signed, every entry read verified (see signing.py).
+        self.signer = signing.current()
         self.prefetch = max(1, prefetch)
         self.shards = shards if shards is not None and shards.count > 1 else None
         self.keys = shards.queue_keys() if self.shards is not None else [key]
@@ -211,7 +214,7 @@ class PriorityQueue(_RedisPriorityQueue):
             by_shard: dict[int, dict[bytes, float]] = {}
             for data, score in entries:
                 try:
-                    url = str(self.serializer.loads(data).get("url", ""))
+                    url = str(self.serializer.loads(signing.unwrap(data)).get("url", ""))
                 except (ValueError, TypeError, AttributeError):
                     url = ""  # unreadable: the first shard's pop sets it aside as a dead letter
                 by_shard.setdefault(self.shards.of_url(url), {})[data] = score
@@ -242,7 +245,7 @@ class PriorityQueue(_RedisPriorityQueue):
 
     def _encode_request(self, request: Request) -> bytes:
         try:
-            return self.serializer.dumps(request_to_dict(request, self.spider, self._callback_names))
+            return self.signer.sign(self.serializer.dumps(request_to_dict(request, self.spider, self._callback_names)))
         except SerializationError as exc:
             callback = getattr(request.callback, "__name__", request.callback) or "parse"
             raise RequestSerializationError(
@@ -250,7 +253,7 @@ class PriorityQueue(_RedisPriorityQueue):
             ) from None
 
     def _decode_request(self, encoded_request: bytes | str) -> Request:
-        data = self.serializer.loads(encoded_request)
+        data = self.serializer.loads(self.signer.verify(encoded_request))
         if is_leaked_api_call(data):
             raise LeakedApiCall("a scraping-API call queued by an earlier version (it holds the API key)")
         return request_from_dict(data, self.spider)
@@ -277,6 +280,18 @@ class PriorityQueue(_RedisPriorityQueue):
             # Never fetched (it would send the raw API call) nor dead-lettered (it holds the key).
             logger.error("Deleted from %s: %s", self.key, exc)
             return None
+        except signing.UnsignedEntry as exc:
+            if lease:
+                self.leases.ack({lease})
+            # Forged, or signed with a retired secret: never fetched, kept for an operator to see.
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+            self.server.rpush(dead_key(self.spider.name), dead_entry("unsigned", 1, _url_of(text), text))
+            stats = getattr(getattr(self.spider, "crawler", None), "stats", None)
+            if stats is not None:
+                stats.inc_value("dead_letters/count")
+                stats.inc_value("dead_letters/unsigned")
+            logger.error("Moved an unsigned request from %s to the dead letters (%s)", self.key, exc)
+            return None
         except (ValueError, TypeError, KeyError) as exc:
             if lease:
                 self.leases.ack({lease})  # set aside below: the lease has nothing left to guard
@@ -285,6 +300,15 @@ class PriorityQueue(_RedisPriorityQueue):
             self.server.rpush(dead_key(self.spider.name), dead_entry(f"unreadable {exc}"[:300], 1, None, text))
             logger.error("Moved an unreadable request from %s to the dead letters: %s", self.key, exc)
             return None
+
+
+def _url_of(text: str) -> str | None:
+    """The URL an entry claims, for the operator's listing only (it is not trusted)."""
+    try:
+        url = json_serializer.loads(signing.unwrap(text)).get("url")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return str(url)[:2000] if url else None
 
 
 def frontier(server: Any, spider: Any, settings: Any = None, prefetch: int = 1) -> PriorityQueue:

@@ -40,7 +40,7 @@ from scrapy_redis.scheduler import Scheduler
 from ..config import get_bool, get_float, get_int
 from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..storage import gone
-from . import keys
+from . import keys, signing
 from .dupefilter import SharedDupeFilter, make_stores, seen_config
 from .shards import Shards, discard_shards, shard_count, shards_setting
 from .nodes import NodeRegistry
@@ -59,6 +59,7 @@ class SharedScheduler(Scheduler):
     @classmethod
     def from_crawler(cls, crawler: Any) -> "SharedScheduler":
         settings = crawler.settings
+        signing.install(settings)  # no secret with a shared Redis: refused here, before any pop
         instance = cls(
             server=get_redis(settings["REDIS_URL"]),
             persist=True,
