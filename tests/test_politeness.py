@@ -383,10 +383,12 @@ def adaptive_crawl(clean, limit: float, products: int, workers: int, **extra: st
 
 def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
     limit = 20
-    catalog, logs, stats, took = adaptive_crawl(clean, limit, products=200, workers=2)
+    catalog, logs, stats, took = adaptive_crawl(clean, limit, products=300, workers=2)
     valid_rows(clean, catalog)  # every page stored: nothing lost to 429s
     pages = len(catalog.pages())
     throttled = stats["throttled"]
+    # Nearly all of them answer the requests in flight when the first 429 came (8 per worker):
+    # the share shrinks with the crawl's length (bench/run.py --only politeness: 2.2 % of 592).
     assert throttled <= 0.05 * stats["total"], (throttled, stats["total"])
     assert not [log for log in logs if stat(log, "dead_letters/count")], [log[-2000:] for log in logs]
     assert any("throttles the fleet (429/503)" in log for log in logs)
