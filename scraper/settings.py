@@ -221,7 +221,8 @@ FETCH_ALLOW_NETWORKS = _env("FETCH_ALLOW_NETWORKS", "")
 # accepted for verification during a rotation.
 SCHEDULER_SECRET = _env("SCHEDULER_SECRET", "")
 SCHEDULER_SECRET_PREVIOUS = _env("SCHEDULER_SECRET_PREVIOUS", "")
-# Fleet-wide per-domain limits (scraper/politeness); with none set the middleware is not loaded.
+# Fleet-wide per-domain limits (scraper/politeness): declared ones, and the adaptive rate of a
+# site that throttles (429/503), on by default.
 POLITENESS_RATE = _env("POLITENESS_RATE", "0")
 POLITENESS_CONCURRENCY = _env("POLITENESS_CONCURRENCY", "0")
 POLITENESS_OVERRIDES = _env("POLITENESS_OVERRIDES", "")

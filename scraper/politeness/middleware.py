@@ -18,6 +18,11 @@ that takes minutes) keeps it, and the slot of a process that died frees itself w
 Requests to one domain queue locally and only the first polls Redis for a slot, backing off from
 50 ms to 500 ms (100 ms when next in line); a slot freed in this process wakes it at once.
 Redis errors never drop a limit: the request waits and asks again, with a warning.
+
+A site that answers 429 or 503 gets an adaptive rate shared by the fleet (see :mod:`.adaptive`):
+the throttled request is tried again at that rate without spending Scrapy's retry budget (for up
+to ``POLITENESS_THROTTLED_MAX_WAIT``, then it is a ``throttled`` dead letter), and requests to a
+rated site leave this process spaced by Scrapy's downloader slot delay (``SPACING``/rate).
 """
 
 from __future__ import annotations
