@@ -13,6 +13,7 @@ import psycopg2
 
 from conftest import assert_each_product_stored_or_rejected_once, crawl, crawl_env, project_with_spider, run_scrapy
 from scraper.demo_site import Catalog, DemoSite
+from scraper.queue import signing
 from test_metrics import start_crawl, stat, wait_for
 
 
@@ -156,7 +157,7 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
                 return []
             leased = {}
             for value in redis.hvals("{demo}:leased"):
-                url = json.loads(value.split(b"|", 1)[1])["url"]
+                url = json.loads(signing.unwrap(value.split(b"|", 1)[1]))["url"]
                 found = re.search(r"/p/(\d+)\.html$", url)
                 # A product listed on one page only: its row can only have come from that page.
                 if found and len(catalog.product(int(found.group(1))).paths) == 1:

@@ -22,6 +22,7 @@ from scraper.queue.bloom import MAX_BITS, BloomFilter, BloomSeen
 from scraper.queue.dupefilter import SharedDupeFilter, make_store, seen_config, seen_size
 from scraper.queue.generations import Generations
 from scraper.queue.leases import Leases
+from scraper.queue import signing
 from scraper.queue.queues import PriorityQueue
 from scraper.queue.scheduler import SharedScheduler
 from test_config_errors import check_one_line_error
@@ -150,7 +151,7 @@ def test_a_big_flush_queues_exactly_the_links_no_node_had(connect, backend: str)
         a.queue.stage(request, a.df, a.df.seen_locally(request)[1])
     a.queue.stage(scrapy.Request("http://shop.test/again", dont_filter=True))
     assert a.queue.flush_staged() == (151, 150)
-    queued = [json.loads(m)["url"] for m in a.queue.server.zrange(a.queue.key, 0, -1)]
+    queued = [json.loads(signing.unwrap(m))["url"] for m in a.queue.server.zrange(a.queue.key, 0, -1)]
     assert sorted(queued) == sorted([f"http://shop.test/{i}" for i in range(300)] + ["http://shop.test/again"])
     assert b.offer("http://shop.test/1", "http://shop.test/301") == (1, 1)
 

@@ -253,7 +253,19 @@ class PriorityQueue(_RedisPriorityQueue):
             ) from None
 
     def _decode_request(self, encoded_request: bytes | str) -> Request:
-        data = self.serializer.loads(self.signer.verify(encoded_request))
+        try:
+            payload = self.signer.verify(encoded_request)
+        except signing.UnsignedEntry:
+            # An earlier version's raw API call is unsigned too, and holds the key: deleted, never
+            # dead-lettered with it (what it claims is only looked at, never trusted or fetched).
+            try:
+                leaked = is_leaked_api_call(self.serializer.loads(signing.unwrap(encoded_request)))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                leaked = False
+            if leaked:
+                raise LeakedApiCall("a scraping-API call queued by an earlier version (it holds the API key)") from None
+            raise
+        data = self.serializer.loads(payload)
         if is_leaked_api_call(data):
             raise LeakedApiCall("a scraping-API call queued by an earlier version (it holds the API key)")
         return request_from_dict(data, self.spider)
