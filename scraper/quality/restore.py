@@ -16,6 +16,7 @@ from psycopg2 import sql
 
 from ..items.base import StoredItem
 from ..storage.revert import UNHASHED
+from ..storage.history import key_match
 
 
 def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
@@ -33,9 +34,7 @@ def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[typ
             for field in wanted.get(item_type.__name__, ()):
                 if field not in columns or field in item_type.key:
                     continue
-                match = sql.SQL(" AND ").join(
-                    sql.SQL("t.{} = (b.key->>{})::{}").format(ident(k), sql.Literal(i), sql.SQL(columns[k]))
-                    for i, k in enumerate(item_type.key))
+                match = key_match(item_type, "t", "b.key")
                 cur.execute(sql.SQL(
                     """
                     WITH blanked AS (

@@ -29,6 +29,7 @@ from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..runs_hook import current_run_id, run_finished
 from . import held
+from .history import key_match
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,7 @@ def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], se
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS _gone_keys (key jsonb) ON COMMIT DROP")
             execute_values(cur, "INSERT INTO _gone_keys (key) VALUES %s",
                            [(json.dumps(list(k), default=str),) for k in missing])
-            match = sql.SQL(" AND ").join(
-                sql.SQL("t.{} = (g.key->>{})::{}").format(ident(k), sql.Literal(i), sql.SQL(_cast(item_type, k)))
-                for i, k in enumerate(item_type.key))
+            match = key_match(item_type, "t", "g.key")
             cur.execute(sql.SQL(
                 """
                 WITH g AS (
@@ -96,10 +95,6 @@ def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], se
             total += cur.rowcount
             cur.execute("DELETE FROM _gone_keys")
     return total
-
-
-def _cast(item_type: type[StoredItem], column: str) -> str:
-    return item_type.columns()[column].split()[0]
 
 
 def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]:

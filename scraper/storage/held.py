@@ -124,14 +124,6 @@ def listed(conn: Any, spider: str, run_id: int, limit: int = 20) -> list[Held]:
         return [Held(*row) for row in cur.fetchall()]
 
 
-def _match(item_type: type[StoredItem], table_alias: str, key_expr: str) -> sql.Composable:
-    columns = item_type.columns()
-    return sql.SQL(" AND ").join(
-        sql.SQL("{}.{} = ({}->>{})::{}").format(sql.Identifier(table_alias), sql.Identifier(k), sql.SQL(key_expr),
-                                               sql.Literal(i), sql.SQL(columns[k].split()[0]))
-        for i, k in enumerate(item_type.key))
-
-
 @dataclass
 class Applied:
     upserted: int = 0
@@ -148,7 +140,7 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
         for item_type in item_types:
             table = sql.Identifier(item_type.table)
             newer = sql.SQL("EXISTS (SELECT 1 FROM {} t WHERE {} AND t.last_seen > h.held_at)").format(
-                table, _match(item_type, "t", "h.key"))
+                table, history.key_match(item_type, "t", "h.key"))
             cur.execute(sql.SQL(
                 "SELECT h.kind, h.key, h.item, {} FROM held_changes h WHERE h.spider = %s AND h.run_id = %s "
                 "AND h.item_table = %s").format(newer), (spider, run_id, item_type.table))
@@ -181,7 +173,7 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
                     )
                     INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)
                     SELECT %(name)s, g.key, 'gone', 'apply', %(spider)s, %(run)s FROM g
-                    """).format(table=table, match=_match(item_type, "t", "k.key")),
+                    """).format(table=table, match=history.key_match(item_type, "t", "k.key")),
                     {"keys": json.dumps(gone, default=str), "spider": spider, "name": item_type.table,
                      "run": run_id})
                 done.gone += cur.rowcount
@@ -215,7 +207,7 @@ def _reblank(cur: Any, spider: str, run_id: int, item_type: type[StoredItem]) ->
                 jsonb_build_object(%(f)s, jsonb_build_array(u.restored, NULL))
             FROM u
             """).format(table=sql.Identifier(item_type.table), field=sql.Identifier(field),
-                        match=_match(item_type, "t", "g.key")),
+                        match=history.key_match(item_type, "t", "g.key")),
             {"f": field, "table": item_type.table, "spider": spider, "run": run_id})
         total += cur.rowcount
     return total

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+from psycopg2 import sql
+
+if TYPE_CHECKING:
+    from ..items.base import StoredItem
 
 
 TABLE = "item_changes"
@@ -72,3 +77,13 @@ def record(cur: Any, table: str, changes: list[Change], context: Context) -> Non
         (table, context.reason, context.spider, context.run_id,
          json.dumps([{"key": c.key, "kind": c.kind, "changes": c.changes} for c in changes], default=str)),
     )
+
+
+def key_match(item_type: type[StoredItem], table_alias: str, key_json: str) -> sql.Composable:
+    """``alias.k1 = (key_json->>0)::type AND ...``: a row of *item_type*'s table matched to a key
+    kept as a JSON array (as ``item_changes`` and ``held_changes`` keep it)."""
+    columns = item_type.columns()
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = ({}->>{})::{}").format(sql.Identifier(table_alias), sql.Identifier(k), sql.SQL(key_json),
+                                               sql.Literal(i), sql.SQL(columns[k].split()[0]))
+        for i, k in enumerate(item_type.key))

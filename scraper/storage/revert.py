@@ -47,14 +47,6 @@ class Reverted:
                 "as a later run wrote them")
 
 
-def _match(item_type: type[StoredItem]) -> sql.Composable:
-    columns = item_type.columns()
-    return sql.SQL(" AND ").join(
-        sql.SQL("t.{} = (%(key)s::jsonb->>{})::{}").format(sql.Identifier(k), sql.Literal(i),
-                                                          sql.SQL(columns[k].split()[0]))
-        for i, k in enumerate(item_type.key))
-
-
 def revert_run(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
                progress: Callable[[int, int], None] | None = None) -> Reverted:
     """Undo run *run_id* of *spider* in one transaction; raises AlreadyReverted."""
@@ -86,7 +78,7 @@ def revert_run(conn: Any, spider: str, run_id: int, item_types: Iterable[type[St
 def _revert_key(cur: Any, item_type: type[StoredItem], run_id: int, entries: list[tuple[int, list[Any], str, dict[str, Any]]],
                 done: Reverted) -> history.Change | None:
     """Undo one row's entries (newest first); the history entry of the undo, if any."""
-    table, match = sql.Identifier(item_type.table), _match(item_type)
+    table, match = sql.Identifier(item_type.table), history.key_match(item_type, "t", "%(key)s::jsonb")
     key = entries[0][1]
     params = {"key": json.dumps(key)}
     cur.execute(sql.SQL("SELECT to_jsonb(t) FROM {} t WHERE {} FOR UPDATE").format(table, match), params)
