@@ -142,4 +142,3 @@ def _migrate_one(cur: Any, item_type: type[StoredItem]) -> list[str]:
         )
         changes.append(f"added column {table}.{name} {ddl}")
     return changes + _widen_numerics(cur, table, columns)
-
