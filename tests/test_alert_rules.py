@@ -65,6 +65,7 @@ GAUGES = {
     "scraper_last_response_timestamp_seconds",
     "scraper_run_info", "scraper_run_started_timestamp_seconds", "scraper_run_nodes", "scraper_run_pages",
     "scraper_run_items", "scraper_run_dead_letters", "scraper_run_api_credits", "scraper_run_redeliveries",
+    "scraper_run_throttled", "scraper_run_not_archived",
     "scraper_field_coverage", "scraper_field_coverage_expected", "scraper_field_coverage_items",
     "scraper_quality_baseline_items", "scraper_quality_last_run_degraded", "scraper_quality_last_run_failed_checks",
     "scraper_quality_guard_broken", "scraper_politeness_rate",

@@ -7,6 +7,7 @@ it served at once. Limits live in the test session's real Redis; crawls are real
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import os
 import threading
@@ -392,6 +393,13 @@ def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
     assert throttled <= 0.05 * stats["total"], (throttled, stats["total"])
     assert not [log for log in logs if stat(log, "dead_letters/count")], [log[-2000:] for log in logs]
     assert any("throttles the fleet (429/503)" in log for log in logs)
+    # The run report says it: in each node's summary, and in the run's figures.
+    assert any(re.search(r"Politeness: [1-9]\d* pages throttled \(429/503\) and tried again \(\d+ retries, 0 given "
+                         r"up as dead letters\); [\d.]+ s waited for turns; 127\.0\.0\.1 at [\d.]+ requests/s "
+                         r"\(lowest [\d.]+\)", log) for log in logs), [log[-2000:] for log in logs]
+    runs = run_scrapy(crawl_env(clean), "runs", "demo", "--json")
+    row = json.loads(runs.stdout.splitlines()[0])
+    assert 0 < row["throttled"] <= throttled and row["dead_letters"] == 0, row
     # The fleet found the limit and kept near it (the start and the end are slower, and CI's two
     # cores are shared with another test file); stuck at a guessed low rate it would be far under.
     assert pages / took >= 0.4 * limit, (pages, took)
@@ -426,3 +434,53 @@ def test_a_site_that_never_lets_up_ends_in_throttled_dead_letters(clean) -> None
     assert re.search(r"FAIL\s+dead_letters\s+expected <= 5%, observed [1-9]\d\.\d%", result.stderr), result.stderr[-3000:]
     shown = run_scrapy(env, "dlq", "list", "demo")
     assert "throttled" in shown.stdout, shown.stdout
+
+
+def test_robots_crawl_delay_is_the_fleets_ceiling_and_requests_arrive_spaced(clean) -> None:
+    delay = 0.2  # 5 requests/s for the whole fleet, though the spider declares far more
+    catalog = Catalog(products=30)  # 42 pages and 2 robots.txt: ~8 s at 5 requests/s
+    with DemoSite(catalog, crawl_delay=delay) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_RATE="50", CONCURRENT_REQUESTS="8",
+                        SCHEDULER_IDLE_TIMEOUT="3")
+        logs = finished([start_crawl(env) for _ in range(2)])
+        arrivals = sorted(site.arrivals())
+        counts = site.stats()["requests"]
+    assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
+    valid_rows(clean, catalog)
+    assert all("asks Crawl-delay: 0.2 s: the fleet sends it at most 5 requests/s (under the declared 50)" in log
+               for log in logs), [log[-3000:] for log in logs]
+    # Each node fetched robots.txt before its first turn: take the arrivals after both did.
+    pages = arrivals[2:]
+    span = pages[-1] - pages[0]
+    assert (len(pages) - 1) / span <= (1 / delay) * 1.05, (len(pages), span)
+    # The spacing reaches the site: two requests arrive at least ~0.8/rate apart, whatever
+    # connections the two processes open (a request that left its process late on CI's busy
+    # cores may land close to the next one: a few of 40 gaps are allowed to).
+    gaps = [b - a for a, b in zip(pages, pages[1:])]
+    close = [round(g, 3) for g in gaps if g < 0.8 * delay]
+    assert len(close) <= max(2, 0.08 * len(gaps)), (close, len(gaps))
+
+
+def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_not(clean) -> None:
+    catalog = Catalog(products=40)
+    with DemoSite(catalog) as site, StandIn("politeness-test-key") as api:
+        # The provider throttles our account three times (its own 429, with Retry-After), and the
+        # target site has a limit of its own, which only its own 429s reveal.
+        api.configure(rules=[{"status": 429, "count": 3, "after": 5, "retry_after": 1}])
+        site.limit_rate(8)
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, SCRAPING_API_KEY="politeness-test-key",
+                        SCRAPING_API_URL=api.url, SCRAPING_API_POLL_INTERVAL="0.05", METRICS_ENABLED="false",
+                        CONCURRENT_REQUESTS="8", SCRAPING_API_RETRY_BACKOFF="0.2")
+        result = run_scrapy(env, "crawl", "demo", timeout=120)
+        target = site.stats()
+    log = result.stderr
+    assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
+    valid_rows(clean, catalog)  # nothing lost to either kind of 429
+    assert stat(log, "dead_letters/count") == 0, log[-3000:]
+    # The provider's 429s were the API client's to wait out and retry: they are not the site's.
+    assert stat(log, "scraping_api/retries/429") == 3, log[-3000:]
+    # The site's 429s, passed on by the API as the target's answer, slowed the site down.
+    assert target["throttled"] > 0
+    assert stat(log, "politeness/throttle_answers") == target["throttled"], (log[-3000:], target)
+    rate = float(re.search(r"'politeness/rate/127\.0\.0\.1': ([\d.]+)", log).group(1))
+    assert 0.1 <= rate <= 8 * 1.5, rate

@@ -32,3 +32,20 @@ def test_queue_command_table_for_an_idle_spider(clean) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].split()[:4] == ["spider", "queued", "oldest", "nodes"]
     assert {line.split()[0] for line in lines[1:]} == {"api_extract", "demo", "schema_org"}
+
+
+def test_queue_command_shows_the_rate_of_a_site_that_throttles(clean) -> None:
+    with DemoSite(Catalog(products=200)) as site:
+        site.limit_rate(10)
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8")
+        crawl = start_crawl(env)
+        wait_for(lambda: site.stats()["throttled"] > 0)
+        table = run_scrapy(env, "queue", "demo", "--interval", "1.5")
+        as_json = run_scrapy(env, "queue", "demo", "--json", "--interval", "0.5")
+        crawl.proc.terminate()  # a graceful stop: the rest of the crawl is not what is tested
+        crawl.communicate(timeout=60)
+    assert table.returncode == 0 and as_json.returncode == 0, table.stderr[-2000:] + as_json.stderr[-2000:]
+    found = re.search(r"^  127\.0\.0\.1 +([\d.]+) requests/s   last 429/503 (\d+)s ago$", table.stdout, re.M)
+    assert found and 0.1 <= float(found.group(1)) <= 10 * 1.5, table.stdout
+    rates = json.loads(as_json.stdout.strip().splitlines()[-1])["adaptive_rates"]
+    assert 0.1 <= rates["127.0.0.1"]["rate"] <= 15, rates

@@ -4,6 +4,7 @@ For each spider with state in Redis: queue depth, age of the oldest queued reque
 and their in-flight requests, seen-set size (estimated for a Bloom filter), and pages/items per
 minute across the fleet (sampled over ``--interval`` seconds from what each node reports with
 its heartbeat); with ``PROCESSING=decoupled``, the responses in the stream not processed yet.
+Below them, the fleet's adaptive rate of each site that throttled it (429/503), and since when.
 ``--watch`` repeats until interrupted.
 """
 
@@ -23,6 +24,7 @@ from ..config import ConfigError
 from ..queue import keys
 from ..queue.dupefilter import seen_config, seen_size
 from ..queue.queues import frontier
+from ..politeness.adaptive import ADAPTIVE_KEY, parse_rates
 from ..redis_client import get_redis
 
 NODE_TTL = 60.0
@@ -48,6 +50,13 @@ def snapshot(server: Any, name: str, now: float | None = None, settings: Any = N
         # PROCESSING=decoupled: fetched, not yet processed (waiting, or in a processor's hands).
         "responses": server.xlen(keys.responses_key(name)),
     }
+
+
+def adaptive_rates(server: Any) -> dict[str, tuple[float, float]]:
+    """Domain -> (the fleet's current rate, seconds since the site last throttled it)."""
+    now_s, now_us = server.time()
+    flat = [part for pair in server.hgetall(ADAPTIVE_KEY).items() for part in pair]
+    return parse_rates([now_s * 1_000_000 + now_us, flat])
 
 
 def _age(seconds: float) -> str:
@@ -95,13 +104,13 @@ class Command(ScrapyCommand):
                 before = {n: snapshot(server, n, settings=self.settings) for n in names}
                 time.sleep(max(0.1, opts.interval))
                 after = {n: snapshot(server, n, settings=self.settings) for n in names}
-                self._print(before, after, opts)
+                self._print(before, after, opts, adaptive_rates(server))
                 if not opts.watch:
                     return
         except KeyboardInterrupt:
             return
 
-    def _print(self, before: dict, after: dict, opts: Namespace) -> None:
+    def _print(self, before: dict, after: dict, opts: Namespace, rates: dict[str, tuple[float, float]]) -> None:
         minutes = max(0.1, opts.interval) / 60
         rows = []
         for name, now in after.items():
@@ -110,8 +119,9 @@ class Command(ScrapyCommand):
             row["items_per_min"] = max(0, now["items"] - before[name]["items"]) / minutes
             rows.append(row)
         if opts.json:
+            shared = {d: {"rate": r, "since_throttled": round(t, 1)} for d, (r, t) in sorted(rates.items())}
             for row in rows:
-                print(json.dumps(row))
+                print(json.dumps({**row, "adaptive_rates": shared}))
             return
         print(f"{'spider':16}{'queued':>9}{'oldest':>8}{'nodes':>7}{'in-flight':>10}{'seen':>10}"
               f"{'pages/min':>11}{'items/min':>11}")
@@ -120,4 +130,13 @@ class Command(ScrapyCommand):
                   f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
                   + (f"   ({r['responses']} responses wait for `scrapy process {r['spider']}`)" if r["responses"] else "")
                   + (f"   ({r['dead']} dead letters: scrapy dlq list {r['spider']})" if r["dead"] else ""))
+        self._print_rates(rates)
+
+    def _print_rates(self, rates: dict[str, tuple[float, float]]) -> None:
+        if rates:
+            print("adaptive rates (sites that throttled the fleet):")
+            for domain, (rate, since) in sorted(rates.items(), key=lambda kv: kv[1][0])[:20]:
+                print(f"  {domain:30}{rate:>9.2f} requests/s   last 429/503 {_age(since)} ago")
+            if len(rates) > 20:
+                print(f"  ... and {len(rates) - 20} more")
         sys.stdout.flush()

@@ -33,7 +33,8 @@ from ..runs.state import summed_figures
 SHOWN = [("run", "run_id"), ("state", "state"), ("started", "started"), ("took", "took"), ("nodes", "nodes_seen"),
          ("pages", "pages"), ("new", "items_new"), ("updated", "items_updated"), ("same", "items_unchanged"),
          ("rejected", "items_rejected"), ("dupes", "duplicates"), ("dead", "dead_letters"),
-         ("credits", "api_credits"), ("redeliv", "redeliveries"), ("quality", "quality")]
+         ("credits", "api_credits"), ("redeliv", "redeliveries"), ("throttled", "throttled"),
+         ("unarchived", "not_archived"), ("quality", "quality")]
 
 
 def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | None:

@@ -260,8 +260,9 @@ def _jsonld(product: Product) -> str:
     return json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
 
 
-def render_robots() -> Page:
-    return Page(200, "text/plain; charset=utf-8", b"User-agent: *\nAllow: /\n")
+def render_robots(crawl_delay: float = 0.0) -> Page:
+    body = "User-agent: *\nAllow: /\n" + (f"Crawl-delay: {crawl_delay:g}\n" if crawl_delay else "")
+    return Page(200, "text/plain; charset=utf-8", body.encode())
 
 
 def render_not_found() -> Page:

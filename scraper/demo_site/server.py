@@ -145,8 +145,11 @@ class DemoSite:
         port: int = 0,
         delay_ms: int = 0,
         break_layout: float = 0.0,
+        crawl_delay: float = 0.0,
     ) -> None:
         self.host = host
+        # Announced in robots.txt (``Crawl-delay``), for every user agent; 0: none.
+        self.crawl_delay = crawl_delay
         self.delay = max(0, delay_ms) / 1000
         self._requested_port = port
         # The share of product pages in a new layout (see layout.py); 0 serves the shop as is.
@@ -225,6 +228,8 @@ class DemoSite:
 
     def page(self, path: str, query: str = "") -> Page:
         """What the server answers for ``path`` (before Host substitution)."""
+        if self.crawl_delay and path == "/robots.txt":
+            return pages.render_robots(self.crawl_delay)
         return self._renderer.page(path, query)
 
     def reprice(self, count: int) -> list[int]:

@@ -40,6 +40,26 @@ def summarize(stats: dict[str, Any], elapsed: float) -> str:
     )
 
 
+def politeness_line(stats: dict[str, Any]) -> str | None:
+    """Throttled pages, time spent waiting for turns and the rates reached per site, if any."""
+    throttled = stats.get("politeness/throttled_pages", 0)
+    rates = sorted((k[len("politeness/rate/"):], v) for k, v in stats.items() if k.startswith("politeness/rate/"))
+    delays = sorted((k[len("politeness/crawl_delay/"):], v) for k, v in stats.items()
+                    if k.startswith("politeness/crawl_delay/"))
+    if not throttled and not rates and not delays:
+        return None
+    parts = [f"{throttled} pages throttled (429/503) and tried again "
+             f"({stats.get('politeness/throttled_retries', 0)} retries, "
+             f"{stats.get('dead_letters/throttled', 0)} given up as dead letters)",
+             f"{stats.get('politeness/wait_seconds', 0):.1f} s waited for turns"]
+    for domain, rate in rates[:5]:
+        low = stats.get(f"politeness/rate_min/{domain}", rate)
+        parts.append(f"{domain} at {rate:g} requests/s (lowest {low:g})")
+    for domain, delay in delays[:5]:
+        parts.append(f"{domain} asks Crawl-delay {delay:g} s")
+    return "; ".join(parts)
+
+
 def causes(stats: dict[str, Any], spider: Any = None) -> list[str]:
     """Why requests went unfetched, each with what changes it, from the crawl's stats."""
     found = []
@@ -110,6 +130,9 @@ class CrawlSummary:
         values = stats.get_stats()
         run = f", run {values['run/id']} of {self.crawler.spider.name}" if values.get("run/id") else ""
         logger.info("Crawl summary (%s%s): %s", reason, run, summarize(values, now - self.started))
+        polite = politeness_line(values)
+        if polite:
+            logger.info("Politeness: %s", polite)
         if values.get("processing/handed_off"):
             logger.info("PROCESSING=decoupled: %d responses handed to the stream; their items are stored by "
                         "`scrapy process %s` and counted in the run's figures (`scrapy runs`). The run finishes "

@@ -23,6 +23,11 @@ A site that answers 429 or 503 gets an adaptive rate shared by the fleet (see :m
 the throttled request is tried again at that rate without spending Scrapy's retry budget (for up
 to ``POLITENESS_THROTTLED_MAX_WAIT``, then it is a ``throttled`` dead letter), and requests to a
 rated site leave this process spaced by Scrapy's downloader slot delay (``SPACING``/rate).
+
+A robots.txt ``Crawl-delay`` (read from the parser Scrapy's robots.txt middleware hands to the
+``robots_parsed`` signal, so with ``ROBOTSTXT_OBEY`` on) is a ceiling like a declared rate: at
+most one request per delay from the whole fleet, whatever else is declared. Every node reads the
+site's robots.txt itself, so every node holds the same ceiling.
 """
 
 from __future__ import annotations
@@ -101,14 +106,18 @@ class PolitenessMiddleware:
         self._throttled_reported = 0
         self._node = uuid.uuid4().hex[:12]
         self._first_holds: dict[str, float] = {}  # domain -> until when (monotonic) it waits its first cut
+        self._robots: dict[str, float] = {}  # domain -> 1/Crawl-delay of its robots.txt
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "PolitenessMiddleware":
         policy = read_policy(crawler.settings, getattr(crawler, "spider", None))
-        if not policy.limits_anything and not policy.adaptive.enabled:
+        obey_robots = crawler.settings.getbool("ROBOTSTXT_OBEY")
+        if not policy.limits_anything and not policy.adaptive.enabled and not obey_robots:
             raise NotConfigured  # nothing to limit, and no warning about it
         limiter = Limiter(get_redis(crawler.settings["REDIS_URL"]), HOLDER_TTL, WAITER_TTL)
         mw = cls(crawler, policy, limiter)
+        if obey_robots:
+            crawler.signals.connect(mw.robots_parsed, signal=signals.robots_parsed)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
@@ -131,6 +140,30 @@ class PolitenessMiddleware:
                 loop.stop()
         releases = [self._release_token(token) for token in list(self._held)]
         await maybe_deferred_to_future(DeferredList([d for d in releases if d is not None]))
+
+    def robots_parsed(self, robotparser: Any, request: Request) -> None:
+        """A robots.txt ``Crawl-delay`` for our user agent caps its site's rate at 1/delay."""
+        settings = self.crawler.settings
+        agent = (settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(b"User-Agent")
+                 or settings.get("USER_AGENT") or "*")
+        try:
+            delay = robotparser.crawl_delay(agent)  # Protego's parser (Scrapy's default) has it
+        except Exception:
+            return  # a parser without Crawl-delay, or a robots.txt it cannot read
+        if not delay or delay <= 0:
+            return
+        limit = self.policy.for_host(urlparse_cached(request).hostname or "")
+        ceiling = 1.0 / float(delay)
+        if limit.domain in self._robots and self._robots[limit.domain] <= ceiling:
+            return
+        self._robots[limit.domain] = ceiling
+        self.stats.set_value(f"politeness/crawl_delay/{limit.domain}", float(delay))
+        logger.info("robots.txt of %s asks Crawl-delay: %g s: the fleet sends it at most %.3g requests/s%s",
+                    limit.domain, delay, ceiling,
+                    f" (under the declared {limit.rate:g})" if limit.rate and limit.rate > ceiling else "")
+        if delay > 10:
+            logger.warning("%s asks a Crawl-delay of %g s: its pages come %d per minute at most, from the whole "
+                           "fleet", limit.domain, delay, max(1, int(60 / delay)))
 
     # -- the hooks ---------------------------------------------------------------------------
 
@@ -185,7 +218,7 @@ class PolitenessMiddleware:
             self._count(domain)
             if domain in self._rates:
                 self._answers[domain] = self._answers.get(domain, 0) + 1
-                self._ceilings[domain] = limit.rate
+                self._ceilings[domain] = self._ceiling(limit)
         rate = self._rate(limit)
         if rate:
             self._space(request, rate)
@@ -203,13 +236,22 @@ class PolitenessMiddleware:
 
     # -- adaptive rate (see .adaptive) -------------------------------------------------------
 
+    def _ceiling(self, limit: DomainLimit) -> float:
+        """The most *limit*'s domain may get: the declared rate, or its robots.txt's 1/Crawl-delay
+        if lower; 0 for none."""
+        robots = self._robots.get(limit.domain) if self._robots else None
+        if robots is None:
+            return limit.rate
+        return min(robots, limit.rate) if limit.rate else robots
+
     def _rate(self, limit: DomainLimit) -> float:
-        """The rate requests to *limit*'s domain go at: the declared one, or the fleet's adaptive
+        """The rate requests to *limit*'s domain go at: the ceiling, or the fleet's adaptive
         one under it; 0 for none."""
+        ceiling = self._ceiling(limit)
         adapted = self._rates.get(limit.domain)
         if adapted is None:
-            return limit.rate
-        return min(adapted, limit.rate) if limit.rate else adapted
+            return ceiling
+        return min(adapted, ceiling) if ceiling else adapted
 
     def _count(self, domain: str) -> None:
         """Note a successful answer: what the site accepted in the last second is where a first
@@ -237,7 +279,7 @@ class PolitenessMiddleware:
         observed = self._accepted(domain)
         if domain not in self._rates:
             self._hold_first(domain, HOLD)
-        self._forget(self._cut(domain, observed, limit.rate), domain)
+        self._forget(self._cut(domain, observed, self._ceiling(limit)), domain)
         self.stats.inc_value("politeness/throttle_answers")
         handled = request.meta.get("handle_httpstatus_list") or ()
         if (request.meta.get("dont_retry") or request.meta.get("handle_httpstatus_all")

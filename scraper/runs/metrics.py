@@ -72,6 +72,8 @@ class RunCollector(Collector):
             items.add_metric([spider, outcome], figures.get(record.FIGURES[column], 0.0))
         yield items
         for column, doc in (("dead_letters", "Dead letters"), ("api_credits", "Scraping-API credits spent"),
-                            ("redeliveries", "Requests of stopped workers redelivered")):
+                            ("redeliveries", "Requests of stopped workers redelivered"),
+                            ("throttled", "Pages a site throttled (429/503), tried again at a lower rate"),
+                            ("not_archived", "Pages not archived (the archive's storage failed)")):
             yield gauge(f"scraper_run_{column}", f"{doc} in the current run, all nodes.",
                         figures.get(record.FIGURES[column], 0.0))

@@ -23,6 +23,10 @@ FIGURES = {
     "dead_letters": "dead_letters/count",
     "api_credits": "scraping_api/credits",
     "redeliveries": "scheduler/redelivered",
+    # Pages a site throttled (429/503) at least once, each tried again at the fleet's lowered rate.
+    "throttled": "politeness/throttled_pages",
+    # Pages fetched but not archived because the archive's storage failed.
+    "not_archived": "archive/not_archived",
 }
 
 DDL = """
@@ -43,9 +47,13 @@ CREATE TABLE IF NOT EXISTS crawl_runs (
     dead_letters    bigint NOT NULL DEFAULT 0,
     api_credits     double precision NOT NULL DEFAULT 0,
     redeliveries    bigint NOT NULL DEFAULT 0,
+    throttled       bigint NOT NULL DEFAULT 0,
+    not_archived    bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (spider, run_id)
 )
 """
+# Columns added since the table was first made, for a table an earlier version made.
+ADDED = {"throttled": "bigint NOT NULL DEFAULT 0", "not_archived": "bigint NOT NULL DEFAULT 0"}
 _LOCK = 0x5C12A9E6  # serialises concurrent first creations of the table
 
 COLUMNS = ["spider", "run_id", "state", "started", "finished", "finish_reason", "nodes_seen", *FIGURES]
@@ -57,6 +65,12 @@ def ensure_table(conn: Any) -> None:
         if not cur.fetchone()[0]:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             cur.execute(DDL)
+        cur.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'crawl_runs' "
+                    "AND table_schema = current_schema() AND column_name = ANY(%s)", (list(ADDED),))
+        if cur.fetchone()[0] < len(ADDED):
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+            for column, kind in ADDED.items():
+                cur.execute(f"ALTER TABLE crawl_runs ADD COLUMN IF NOT EXISTS {column} {kind}")
 
 
 def connect(dsn: str) -> Any:
