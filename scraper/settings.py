@@ -113,6 +113,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             record points at is kept too.
 ``ARCHIVE_FILE_SIZE``       Bytes before the archive starts a new file (104857600).
 ``ARCHIVE_FILE_AGE``        Seconds before the archive starts a new file (300).
+``ARCHIVE_REQUIRED``        A page goes on only once its record is on disk; when the archive
+                            fails, its pages are not acknowledged and the crawl stops (false).
 ``PROCESSING``              ``inline`` (default: each crawl node runs the callbacks) or ``decoupled``:
                             crawl nodes fetch and hand each response to a Redis Stream, and
                             ``scrapy process SPIDER`` workers run the callbacks and pipelines.
@@ -397,6 +399,7 @@ ARCHIVE_S3_ENDPOINT = _env("ARCHIVE_S3_ENDPOINT", "")  # an S3-compatible server
 ARCHIVE_RETENTION_DAYS = _env("ARCHIVE_RETENTION_DAYS", "30")
 ARCHIVE_FILE_SIZE = _env("ARCHIVE_FILE_SIZE", str(100 * 1024 * 1024))  # bytes before a new file
 ARCHIVE_FILE_AGE = _env("ARCHIVE_FILE_AGE", "300")  # seconds before a new file
+ARCHIVE_REQUIRED = _env("ARCHIVE_REQUIRED", "false")  # no page acknowledged without its record
 
 # --- processing apart from fetching (scraper/processing) ------------------------------------
 PROCESSING = _env("PROCESSING", "inline")  # inline | decoupled

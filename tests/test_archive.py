@@ -228,6 +228,32 @@ def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewher
     assert "archived page(s) could not be read and were not replayed" in broken.stderr
 
 
+def test_reprocess_replays_every_good_record_of_a_damaged_file_and_names_the_bad_ones(clean, site, tmp_path) -> None:
+    folder = tmp_path / "archive"
+    crawl(clean, site, ARCHIVE_URL=str(folder), ARCHIVE_FILE_SIZE="100000000")
+    rows = clean.query("SELECT file, record_offset, record_length, target_url FROM archive_index "
+                       "WHERE record_type = 'response' ORDER BY file, record_offset")
+    pages = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
+    # Two records in the middle of a file overwritten, as a bad sector or a torn copy would.
+    by_file: dict[str, list] = {}
+    for row in rows:
+        by_file.setdefault(row[0], []).append(row)
+    name, records = max(by_file.items(), key=lambda kv: len(kv[1]))
+    assert len(records) >= 6, len(records)
+    bad = [records[2], records[len(records) // 2]]
+    with open(folder / name, "r+b") as f:
+        for _, offset, length, _url in bad:
+            f.seek(offset)
+            f.write(b"\0" * length)
+    result = run_scrapy(crawl_env(clean, ARCHIVE_URL=str(folder)), "reprocess", "demo")
+    log = result.stderr
+    assert result.returncode == 1 and "Traceback" not in log, log[-3000:]
+    assert f"reprocess: {pages - 2}/{pages} pages" in log, log[-3000:]
+    for _, offset, length, url in bad:
+        assert f"skipped {url}: its record at {name} bytes {offset}-{offset + length} cannot be read" in log, log[-3000:]
+    assert "reprocess: 2 archived page(s) could not be read and were not replayed" in log
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 64 KiB tmpfs: the archive's disk fills mid-crawl, as a real full disk does (ENOSPC)."""
@@ -260,6 +286,43 @@ def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(cle
                                             " WHERE record_type = 'response'"):
         path = small_disk / name
         assert offset + length <= path.stat().st_size, (name, offset, length)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            assert gzip.decompress(f.read(length)).startswith(b"WARC/")
+
+
+def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_archive(clean, site,
+                                                                                       small_disk, tmp_path) -> None:
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk), ARCHIVE_REQUIRED="true",
+                    SCHEDULER_LEASE_TIMEOUT="3")
+    started = time.monotonic()
+    stopped = run_scrapy(env, "crawl", "demo", timeout=60)
+    assert time.monotonic() - started < 60
+    log = stopped.stderr
+    assert stopped.returncode == 5, log[-3000:]  # stopped, not finished
+    assert "Traceback" not in log, log[-3000:]
+    assert "Spider closed (archive_failed)" in log and log.count("ARCHIVE_REQUIRED: the archive failed") == 1, log[-3000:]
+    assert "'scheduler/abandoned': " in log, log[-3000:]
+    fetched = clean.query("SELECT count(*) FROM products")[0][0]
+    assert fetched < len(site.catalog.valid_products()), fetched  # it stopped early
+
+    # The disk replaced by a good one: the next run resumes, the pages that were not archived
+    # come back (their leases ran out), and every page the spider saw is in the archive.
+    roomy = tmp_path / "archive"
+    again = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(roomy), ARCHIVE_REQUIRED="true",
+                                 SCHEDULER_LEASE_TIMEOUT="3"), "crawl", "demo", timeout=120)
+    assert again.returncode == 0 and "Spider closed (finished)" in again.stderr, again.stderr[-3000:]
+    from conftest import assert_each_product_stored_or_rejected_once
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
+    product_pages = {f"{site.origin}{path}" for path in site.catalog.pages() if "/p/" in path}
+    assert len(product_pages) > 100
+    archived = {url for (url,) in clean.query("SELECT DISTINCT target_url FROM archive_index")}
+    missing = product_pages - archived
+    assert not missing, sorted(missing)[:5]
+    # Each archived record is whole on disk, on whichever disk it went to.
+    for name, offset, length, where in clean.query("SELECT file, record_offset, record_length, archive "
+                                                   "FROM archive_index WHERE record_type = 'response'"):
+        path = (roomy if where.endswith(str(roomy)) else small_disk) / name
         with open(path, "rb") as f:
             f.seek(offset)
             assert gzip.decompress(f.read(length)).startswith(b"WARC/")

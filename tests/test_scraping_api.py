@@ -44,10 +44,10 @@ def api_env(services, site_url: str, api: StandIn | None, **extra: str) -> dict[
     return env
 
 
-def run_crawl(env: dict[str, str], ok: bool = True) -> subprocess.CompletedProcess:
+def run_crawl(env: dict[str, str], ok: bool = True, status: int = 0) -> subprocess.CompletedProcess:
     result = run_scrapy(env, "crawl", "demo", timeout=120)
     if ok:
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == status, result.stderr[-3000:]
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return result
 
@@ -175,7 +175,7 @@ def test_202_jobs_are_polled_and_expired_jobs_resubmitted(clean, small_site, api
 
 def test_401_closes_the_spider_at_once_and_keeps_the_queue(clean, small_site, api) -> None:
     api.configure(rules=[{"status": 401, "count": 0, "after": 5, "detail": "API key revoked"}])
-    result = run_crawl(api_env(clean, small_site.url, api))
+    result = run_crawl(api_env(clean, small_site.url, api), status=5)
     assert stat(result, "finish_reason") == "scraping_api_auth"
     assert api.stats()["scrapes"] < 5 + 40  # stopped at once, not after every queued page
     assert "requests left in the shared queue" in result.stderr
@@ -186,7 +186,7 @@ def test_402_closes_with_credits_reason_and_the_next_run_finishes_the_crawl(
 ) -> None:
     api.configure(rules=[{"status": 402, "count": 0, "after": 8, "detail": "Insufficient credits"}])
     env = api_env(clean, small_site.url, api)
-    result = run_crawl(env)
+    result = run_crawl(env, status=5)
     assert stat(result, "finish_reason") == "scraping_api_credits"
     assert "requests left in the shared queue" in result.stderr
     # Credits topped up: the next run resumes from the queue and nothing was lost.
@@ -206,7 +206,7 @@ def test_slow_api_calls_time_out_and_are_retried(clean, small_site, api) -> None
 def test_budget_stops_the_crawl_before_it_is_exceeded(clean, small_site, api) -> None:
     # AlterLab bills in microcents (billing.total_credits); the stand-in charges 200 a page.
     result = run_crawl(api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="3000",
-                               CONCURRENT_REQUESTS_PER_DOMAIN="8"))
+                               CONCURRENT_REQUESTS_PER_DOMAIN="8"), status=5)
     assert stat(result, "finish_reason") == "scraping_api_budget"
     served = api.stats()
     assert served["credits"] <= 3000
@@ -216,7 +216,7 @@ def test_budget_stops_the_crawl_before_it_is_exceeded(clean, small_site, api) ->
 
 def test_budget_counts_render_js_cost(clean, small_site, api) -> None:
     result = run_crawl(api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="22000",
-                               SCRAPING_API_OPTIONS='{"render_js": true}'))
+                               SCRAPING_API_OPTIONS='{"render_js": true}'), status=5)
     assert stat(result, "finish_reason") == "scraping_api_budget"
     assert 15000 <= api.stats()["credits"] <= 22000  # 1000 a rendered page
 
@@ -287,7 +287,10 @@ def test_four_workers_share_one_budget(clean, api) -> None:
         procs = [subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]
         outputs = [p.communicate(timeout=180) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    reasons = [stat(type("R", (), {"stderr": err})(), "finish_reason") for _, err in outputs]
+    # A worker the budget stopped says so in its exit status (5: stopped, not finished).
+    assert [p.returncode for p in procs] == [5 if r == "scraping_api_budget" else 0 for r in reasons], \
+        [err[-2000:] for _, err in outputs]
     served = api.stats()
     # 200 microcents a page: the fleet together stops at the budget, not at 4 times it.
     assert 6000 - 4 * 2 * 200 <= served["credits"] <= 6000

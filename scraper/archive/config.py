@@ -17,6 +17,8 @@ class ArchiveConfig:
     file_size: int
     file_age: float
     s3_endpoint: str | None
+    # A page whose record is not on disk is not acknowledged: the archive's failure stops the crawl.
+    required: bool = False
 
 
 def read_config(settings: Any) -> ArchiveConfig:
@@ -36,4 +38,5 @@ def read_config(settings: Any) -> ArchiveConfig:
         file_size=get_int(settings, "ARCHIVE_FILE_SIZE", 100 * 1024 * 1024, minimum=1024),
         file_age=get_float(settings, "ARCHIVE_FILE_AGE", 300.0, minimum=0.1),
         s3_endpoint=str(settings.get("ARCHIVE_S3_ENDPOINT") or "").strip() or None,
+        required=get_bool(settings, "ARCHIVE_REQUIRED", False),
     )

@@ -5,6 +5,11 @@ it sees exactly what the spider will get, after redirects and retries, whether f
 directly or through the scraping API (whose responses carry the ``scraping_api`` flag; the API
 call itself never reaches any middleware). The request's callback and its plain meta are kept in
 the index, so ``scrapy reprocess`` can hand the page to the same callback.
+
+``ARCHIVE_REQUIRED=true``: a page goes on to the spider only once its record is on disk. When
+the archive fails, the page is not acknowledged (its lease runs out and it is fetched again by a
+later run), and the crawl stops with ``archive_failed`` (exit 5): a crawl that must keep its raw
+pages does not go on without them.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from scrapy import Request, signals
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet import threads
+from twisted.internet.defer import Deferred
 
+from ..queue.leases import lease_abandoned
 from ..queue.requests import _callback_name
 from ..runs_hook import current_run_id
 from ..scraping_api.middleware import FLAG as API_FLAG
@@ -75,7 +82,7 @@ class ArchiveMiddleware:
         writer = ArchiveWriter(store, crawler.settings["DATABASE_URL"], config.retention_days, config.file_size,
                                config.file_age, stats=crawler.stats)
         writer.open()
-        instance = cls(crawler, writer)
+        instance = (RequiredArchiveMiddleware if config.required else cls)(crawler, writer)
         crawler.signals.connect(instance.spider_closed, signal=signals.spider_closed)
         logger.info("Archiving every response to %s", config.url if config.url.startswith("s3://") else
                     f"the folder {config.url}")
@@ -86,15 +93,21 @@ class ArchiveMiddleware:
         await maybe_deferred_to_future(threads.deferToThread(self.writer.close))
 
     def process_response(self, request: Request, response: Response) -> Response:
+        entry = self._entry(request, response)
+        if entry is not None:
+            self.writer.add(entry)
+        return response
+
+    def _entry(self, request: Request, response: Response) -> Entry | None:
         if request.meta.get("dont_obey_robotstxt") and request.url.endswith("/robots.txt"):
-            return response  # the robots.txt middleware's own fetch: no spider sees it
+            return None  # the robots.txt middleware's own fetch: no spider sees it
         spider = self.crawler.spider
         headers = [
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, values in response.headers.items() for v in values
         ]
         via_api = API_FLAG in response.flags
-        self.writer.add(Entry(
+        return Entry(
             spider=spider.name,
             run_id=current_run_id(self.crawler),
             url=response.url,
@@ -108,5 +121,40 @@ class ArchiveMiddleware:
             via="api" if via_api else "direct",
             provider=self.provider if via_api else None,
             request=replayable_request(request, spider, self._callbacks),
-        ))
+        )
+
+
+class RequiredArchiveMiddleware(ArchiveMiddleware):
+    """``ARCHIVE_REQUIRED``: hands a page on only once its record is on disk."""
+
+    def __init__(self, crawler: Any, writer: ArchiveWriter) -> None:
+        super().__init__(crawler, writer)
+        self._stopping = False
+
+    async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
+        entry = self._entry(request, response)
+        if entry is None:
+            return response
+        if self.writer.failed:
+            self.writer.count_not_archived(1)
+            self._refuse(request)
+        from twisted.internet import reactor
+
+        written: Deferred[bool] = Deferred()
+        entry.done = lambda ok: reactor.callFromThread(written.callback, ok)
+        self.writer.add(entry)
+        if not await maybe_deferred_to_future(written):
+            self._refuse(request)
         return response
+
+    def _refuse(self, request: Request) -> None:
+        """Not archived: not acknowledged (fetched again by a later run), and the crawl stops."""
+        self.crawler.signals.send_catch_log(signal=lease_abandoned, request=request)
+        if not self._stopping:
+            self._stopping = True
+            logger.error("ARCHIVE_REQUIRED: the archive failed (%s), so the crawl stops (archive_failed, exit 5). "
+                         "Pages not archived are not acknowledged: the next run fetches them again once the "
+                         "archive's storage is fixed", self.writer.error)
+            deferred_from_coro(self.crawler.engine.close_spider_async(reason="archive_failed")).addErrback(
+                lambda f: logger.error("Could not stop the crawl: %s", f.value))
+        raise IgnoreRequest(f"not archived (ARCHIVE_REQUIRED): {request.url}")

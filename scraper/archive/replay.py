@@ -92,6 +92,9 @@ def replay_request(record: Record, spider: Any) -> Request:
                    cb_kwargs=saved.get("cb_kwargs") or {}, meta=meta, dont_filter=True)
 
 
+BAD_RECORDS_NAMED = 20  # unreadable records named one by one in the log; the rest are counted
+
+
 class ReplayDownloaderMiddleware:
     """First of all downloader middlewares: no request ever reaches the network."""
 
@@ -99,6 +102,7 @@ class ReplayDownloaderMiddleware:
         self.crawler = crawler
         self.store: Store = crawler.replay_store
         self._unreadable: set[str] = set()  # files already reported
+        self._bad_records = 0
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> "ReplayDownloaderMiddleware":
@@ -117,8 +121,15 @@ class ReplayDownloaderMiddleware:
             self.crawler.stats.inc_value("reprocess/unreadable")
             if record.file not in self._unreadable:
                 self._unreadable.add(record.file)
-                logger.warning("reprocess: cannot read %s from the archive (%s: %s); its pages are skipped",
-                               record.file, type(exc).__name__, exc)
+                logger.warning("reprocess: cannot read %s from the archive (%s: %s); its damaged records are "
+                               "skipped, every good one is replayed", record.file, type(exc).__name__, exc)
+            self._bad_records += 1
+            if self._bad_records <= BAD_RECORDS_NAMED:
+                logger.warning("reprocess: skipped %s: its record at %s bytes %d-%d cannot be read", record.url,
+                               record.file, record.record_offset, record.record_offset + record.record_length)
+            elif self._bad_records == BAD_RECORDS_NAMED + 1:
+                logger.warning("reprocess: more unreadable records: the rest are counted, not named "
+                               "(stat reprocess/unreadable)")
             raise IgnoreRequest(f"archive record unreadable: {record.url}") from None
         scrapy_headers = Headers()
         for name, value in headers:

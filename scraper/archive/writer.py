@@ -10,6 +10,11 @@ open); those of an S3 archive once its file is uploaded, so the index never name
 object. A process killed mid-file leaves that file's last second (folder) or the whole file
 (S3, in the local spool) unindexed: the archive is a record of what was seen, and losing a
 few records costs a re-fetch, never an item.
+
+With ``ARCHIVE_REQUIRED`` an entry carries a ``done`` callback, called from this thread once its
+record is on disk (written, flushed and, for a folder, indexed: the index is flushed whenever
+the queue runs dry, so waiting pages are confirmed in groups) or with False when the archive has
+failed; the middleware holds the page until then.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import psycopg2
 
@@ -50,6 +55,7 @@ class Entry:
     via: str
     provider: str | None
     request: dict[str, Any]
+    done: Callable[[bool], None] | None = None
 
 
 class ArchiveWriter:
@@ -79,6 +85,7 @@ class ArchiveWriter:
         self.failed = False
         self.not_archived = 0
         self._pending = False  # an entry taken but not yet among the rows to index
+        self._waiting: list[Callable[[bool], None]] = []  # ARCHIVE_REQUIRED: written, not yet confirmed
 
     def open(self) -> None:
         self._conn = psycopg2.connect(self.dsn, connect_timeout=10)
@@ -107,13 +114,20 @@ class ArchiveWriter:
                     return
                 if entry:
                     self._not_archived(1)
+                    if entry.done is not None:
+                        entry.done(False)
                 continue
             try:
                 if entry is None:
                     self._rotate()
+                    self._confirm()
                     return
                 if entry:
                     self._write(entry)
+                    if entry.done is not None:
+                        self._waiting.append(entry.done)
+                if self._waiting and (self._queue.empty() or len(self._waiting) >= 500):
+                    self._confirm()
                 if self._file is not None and time.monotonic() - self._opened >= self.file_age:
                     self._rotate()
                 elif self.store.readable_while_open and time.monotonic() - self._last_index >= 1.0:
@@ -122,6 +136,17 @@ class ArchiveWriter:
                 self._fail(exc, entry)
                 if entry is None:
                     return
+
+    def _confirm(self) -> None:
+        """Tell the pages waiting (ARCHIVE_REQUIRED) that their records are on disk."""
+        if self._file is not None:
+            if self.store.readable_while_open:
+                self._flush_index()
+            else:
+                self._file.flush()  # S3: in the local spool until the file is rotated and uploaded
+        waiting, self._waiting = self._waiting, []
+        for done in waiting:
+            done(True)
 
     def _fail(self, exc: Exception, entry: Any) -> None:
         """Stops archiving for the rest of the run: said once, counted, the file cut back."""
@@ -148,6 +173,15 @@ class ArchiveWriter:
             self.stats.inc_value("archive/errors")
             self.stats.set_value("archive/failed", 1)
         self._not_archived(lost)
+        waiting, self._waiting = self._waiting, []
+        if entry and entry.done is not None and entry.done not in waiting:
+            waiting.append(entry.done)
+        for done in waiting:
+            done(False)
+
+    def count_not_archived(self, count: int) -> None:
+        """Pages the crawl did not hand to the archive because it had failed already."""
+        self._not_archived(count)
 
     def _not_archived(self, count: int) -> None:
         self.not_archived += count

@@ -64,6 +64,22 @@ class Command(ScrapyCrawl):
             self.exitcode = int(crawler.stats.get_value("run/exit_status"))
         elif crawler.stats.get_value("quality/exit_status"):  # QUALITY_FAIL_EXIT and a degraded run
             self.exitcode = int(crawler.stats.get_value("quality/exit_status"))
+        elif stopped_by_fault(crawler.stats.get_value("finish_reason")):
+            self.exitcode = STOPPED_EXIT_STATUS
+
+
+#: The crawl stopped before its end for a cause the operator must see (the scraping API refused
+#: the key, credits or budget ran out, Postgres or the archive failed, the quality guard stopped
+#: it): the run is not finished, and a scheduler or a script must not read it as done.
+STOPPED_EXIT_STATUS = 5
+
+
+def stopped_by_fault(reason: object) -> bool:
+    """Any close but a finished crawl, an operator's stop (Ctrl-C, SIGTERM) or a CLOSESPIDER_ limit."""
+    if not reason:
+        return False
+    reason = str(reason)
+    return reason not in ("finished", "shutdown", "lost") and not reason.startswith("closespider_")
 
 
 def _refuse_fresh_while_running(redis_url: str, spider: str, settings: object) -> None:
