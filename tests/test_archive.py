@@ -5,7 +5,9 @@ and secrets kept out."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +24,15 @@ from scraper.scraping_api.standin import StandIn
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+_S3_SERVERS: dict[str, subprocess.Popen] = {}
+
+
+def s3_server_stop(endpoint: str) -> None:
+    proc = _S3_SERVERS.pop(endpoint)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture
 def s3_server():
     with socket.socket() as s:
@@ -30,6 +41,7 @@ def s3_server():
     proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
                              "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
+    _S3_SERVERS[endpoint] = proc
     client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items()
                                                             if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
     for _ in range(100):
@@ -39,6 +51,7 @@ def s3_server():
         except Exception:
             time.sleep(0.1)
     yield endpoint, client
+    _S3_SERVERS.pop(endpoint, None)
     proc.terminate()
     proc.wait(timeout=10)
 
@@ -326,3 +339,55 @@ def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_ar
         with open(path, "rb") as f:
             f.seek(offset)
             assert gzip.decompress(f.read(length)).startswith(b"WARC/")
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A read-only file system (a tmpfs mounted ro): as root, a chmod would not stop a write."""
+    mount = tmp_path / "read-only"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_read_only_archive_folder_stops_archiving_loudly_and_the_crawl_goes_on(clean, site,
+                                                                                 read_only_folder) -> None:
+    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(read_only_folder)), "crawl", "demo",
+                        timeout=60)
+    log = result.stderr
+    assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
+    assert log.count("Archive stopped:") == 1 and "Read-only file system" in log, log[-3000:]
+    from conftest import assert_each_product_stored_or_rejected_once
+    assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
+    pages = int(re.search(r"'response_received_count': (\d+)", log).group(1))
+    robots = int(re.search(r"'robotstxt/response_count': (\d+)", log).group(1))
+    not_archived = int(re.search(r"'archive/not_archived': (\d+)", log).group(1))
+    assert not_archived == pages - robots, (not_archived, pages, robots)  # every page, counted
+    runs = run_scrapy(crawl_env(clean), "runs", "demo", "--json")
+    assert json.loads(runs.stdout.splitlines()[0])["not_archived"] == not_archived
+
+
+def test_a_bucket_that_stops_answering_stops_archiving_loudly_and_never_hangs(clean, tmp_path, s3_server) -> None:
+    endpoint, client = s3_server
+    from scraper.demo_site import Catalog, DemoSite
+
+    with DemoSite(Catalog(products=150), delay_ms=30) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL="s3://archive/warc", ARCHIVE_S3_ENDPOINT=endpoint,
+                        DATA_DIR=str(tmp_path / "data"), ARCHIVE_FILE_SIZE="1024", CONCURRENT_REQUESTS="2", **S3_ENV)
+        from test_metrics import start_crawl, wait_for
+
+        started = time.monotonic()
+        worker = start_crawl(env)
+        wait_for(lambda: len(client.list_objects_v2(Bucket="archive").get("Contents", [])) >= 5, timeout=60)
+        s3_server_stop(endpoint)  # the bucket's server goes away mid-crawl
+        _out, log = worker.communicate(timeout=180)
+        took = time.monotonic() - started
+        assert worker.returncode == 0 and "Traceback" not in log, log[-3000:]
+        assert log.count("Archive stopped:") == 1, log[-3000:]
+        assert int(re.search(r"'archive/not_archived': (\d+)", log).group(1)) > 0, log[-3000:]
+        assert took < 150, took
+        from conftest import assert_each_product_stored_or_rejected_once
+        assert_each_product_stored_or_rejected_once(clean.query, site.catalog)

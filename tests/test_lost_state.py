@@ -46,3 +46,24 @@ def test_a_flushed_redis_ends_the_run_lost_and_the_next_starts_fresh(clean, own_
         assert "Starting a fresh run 3 from the seeds" in again.stderr, again.stderr[-3000:]
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
     assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+
+
+def test_a_fresh_run_begun_in_the_emptied_redis_does_not_hide_the_loss(clean, own_redis) -> None:  # noqa: F811
+    """Redis emptied, and before the running node looks again, a new node begins run 2 there: the
+    running node's run 1 is still lost (its marker is gone), not 'gone' as if others had
+    finished it, and the new node's run goes on."""
+    catalog = Catalog(products=60)
+    url = f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0"
+    with DemoSite(catalog, delay_ms=60) as site:
+        env = crawl_env(clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2",
+                        SCHEDULER_IDLE_TIMEOUT="3")
+        first = start_crawl(env)
+        wait_for(lambda: site.stats()["total"] > 10, timeout=60, step=0.05)
+        own_redis.flushall()
+        own_redis.hset("{demo}:run", mapping={"id": "2", "state": "running", "started": "0"})  # the new node's
+        own_redis.set("{demo}:run:2:marker", "0")
+        _out, log = first.communicate(timeout=120)
+        assert first.returncode == 4, log[-3000:]
+        assert re.search(r"Run 1 of demo lost its shared state", log), log[-3000:]
+        assert "'run/outcome': 'lost'" in log, log[-3000:]
+        assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0

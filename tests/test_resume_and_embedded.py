@@ -51,7 +51,8 @@ def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site
     assert "starting run 1 of demo" in first.stderr
     # Only the run's record is left: state finished, and its figures for `scrapy runs`.
     server = clean.redis()
-    assert sorted(server.keys("{demo}:*")) == [b"{demo}:run", b"{demo}:run:1:figures", b"{demo}:run:1:quality"]
+    assert sorted(server.keys("{demo}:*")) == [b"{demo}:run", b"{demo}:run:1:figures", b"{demo}:run:1:marker",
+                                              b"{demo}:run:1:quality"]
     assert server.hget("{demo}:run", "state") == b"finished"
     site.reset_stats()
     second = crawl(clean, site)

@@ -73,8 +73,13 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" + (f" at {redact(endpoint)}" if endpoint else "")
         self.spool = spool
-        # Credentials and region come from the environment (AWS_*), as boto3 reads them.
-        self.client: Any = boto3.client("s3", endpoint_url=endpoint)
+        from botocore.config import Config
+
+        # Credentials and region come from the environment (AWS_*), as boto3 reads them. Bounded
+        # timeouts and retries: a bucket that stops answering fails the upload (and stops the
+        # archive, loudly) within about a minute, never holding the crawl's shutdown for longer.
+        self.client: Any = boto3.client("s3", endpoint_url=endpoint, config=Config(
+            connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}))
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

@@ -22,9 +22,10 @@ A node starting (:meth:`RunState.begin`) finds one of:
 Node liveness: a heartbeat within the node TTL, except nodes of this host whose process is
 gone, which are dead at once.
 
-The run record is also the marker of the run's shared state: Redis restarted without
-persistence, flushed, or failed over to a replica without the latest writes loses it with the
-queue and the seen-set. Each node looks for it every heartbeat; a node that finds it gone ends
+The run record (and ``<run>:<id>:marker``, for when another node has begun a fresh run in the
+emptied Redis) is the marker of the run's shared state: Redis restarted without persistence,
+flushed, or failed over to a replica without the latest writes loses it with the queue and the
+seen-set. Each node looks for it every heartbeat; a node that finds it gone ends
 its part of the run as ``lost`` (never ``finished``: the pages queued in Redis are gone, and
 nothing is marked gone), and the next start begins a fresh run from the seeds.
 """
@@ -68,6 +69,7 @@ local function finish(id, reason)
   redis.call('HSET', KEYS[1], 'state', 'finished', 'finished', now, 'reason', reason)
   -- The figures key is derived from the run id; it shares the run key's hash tag (one slot).
   redis.call('EXPIRE', ARGV[6] .. id .. ':figures', ARGV[7])
+  redis.call('EXPIRE', ARGV[6] .. id .. ':marker', ARGV[7])
 end
 """
 
@@ -111,6 +113,7 @@ else
 end
 redis.call('HSET', KEYS[2], ARGV[1], now)
 redis.call('HSETNX', ARGV[6] .. id .. ':figures', ARGV[1], '{}')
+redis.call('SET', ARGV[6] .. id .. ':marker', now)
 return {action, id, live, queued, leased, previous, dropped}
 """
 
@@ -125,6 +128,11 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 -- No run record at all under a live run: Redis lost it (restarted empty, flushed, failed over).
 if not redis.call('HGET', KEYS[1], 'id') then return {'lost', live} end
+-- Another run in the record, and no trace of ours: a fresh run began in the emptied Redis.
+if tonumber(redis.call('HGET', KEYS[1], 'id')) ~= tonumber(ARGV[4])
+   and redis.call('EXISTS', ARGV[6] .. ARGV[4] .. ':marker') == 0 then
+  return {'lost', live}
+end
 if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
    or redis.call('HGET', KEYS[1], 'state') == 'finished' then
   return {'gone', live}
@@ -247,8 +255,16 @@ class RunState:
         return bool(self.server.exists(self.key))
 
     def lost(self) -> bool:
-        """True when this node's run has no record in Redis any more (see the module's notes)."""
-        return bool(self.run_id) and self.server.hget(self.key, "id") is None
+        """True when this node's run has no record in Redis any more (see the module's notes):
+        no run record, or another run's with no marker of this one (``<run>:<id>:marker``, set
+        by every node that begins the run, kept with the figures once it finishes): a node that
+        found the emptied Redis began a fresh run, which a run finished by others would not lack."""
+        if not self.run_id:
+            return False
+        current = self.server.hget(self.key, "id")
+        if current is None:
+            return True
+        return int(current) != self.run_id and not self.server.exists(f"{self.figures_prefix}{self.run_id}:marker")
 
     def current(self) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.server.hgetall(self.key).items()}
