@@ -32,6 +32,8 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             throttle and raised on success (true).
 ``POLITENESS_ADAPTIVE_DECREASE``  The share of its rate a throttling site keeps (0.7).
 ``POLITENESS_ADAPTIVE_INCREASE``  Requests/s the rate gains per second of success (1.0).
+``POLITENESS_BLOCK_PATTERN``  A 403 whose body matches this regex (a bot wall's challenge) is a
+                            throttle answer like a 429 (default: common captcha markers; ``off``).
 ``POLITENESS_ADAPTIVE_MIN_RATE``  The lowest adaptive rate, requests/s (0.1).
 ``POLITENESS_THROTTLED_MAX_WAIT``  Seconds a throttled request keeps trying before it becomes a
                             ``throttled`` dead letter (600).
@@ -233,6 +235,8 @@ POLITENESS_ADAPTIVE = _env("POLITENESS_ADAPTIVE", "true")
 POLITENESS_ADAPTIVE_DECREASE = _env("POLITENESS_ADAPTIVE_DECREASE", "0.7")
 POLITENESS_ADAPTIVE_INCREASE = _env("POLITENESS_ADAPTIVE_INCREASE", "1.0")
 POLITENESS_ADAPTIVE_MIN_RATE = _env("POLITENESS_ADAPTIVE_MIN_RATE", "0.1")
+# A 403 whose body matches is a throttle answer (a bot wall's challenge); off: 403s never are.
+POLITENESS_BLOCK_PATTERN = _env("POLITENESS_BLOCK_PATTERN")  # unset: common captcha markers
 POLITENESS_THROTTLED_MAX_WAIT = _env("POLITENESS_THROTTLED_MAX_WAIT", "600")
 # Measured: fewer items in flight per response keeps the reactor responsive at no cost.
 CONCURRENT_ITEMS = 16

@@ -484,3 +484,25 @@ def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_n
     assert stat(log, "politeness/throttle_answers") == target["throttled"], (log[-3000:], target)
     rate = float(re.search(r"'politeness/rate/127\.0\.0\.1': ([\d.]+)", log).group(1))
     assert 0.1 <= rate <= 8 * 1.5, rate
+
+
+def test_a_bot_walls_403_challenge_is_a_throttle_answer_and_loses_no_page(clean) -> None:
+    catalog = Catalog(products=80)
+    with DemoSite(catalog) as site:
+        site.limit_rate(15, answer=403)  # past 15 requests/s: a captcha page with 403
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8")
+        result = run_scrapy(env, "crawl", "demo")
+        challenged = site.stats()["throttled"]
+        site.reset_stats()
+        site.limit_rate(0.5, answer=403)
+        off = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_BLOCK_PATTERN="off"), "crawl", "demo",
+                         "-s", "SCHEDULER_FLUSH_ON_START=true")
+    log = result.stderr
+    assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
+    valid_rows(clean, catalog)  # every page stored: each challenged one was tried again, slower
+    assert challenged > 0 and stat(log, "politeness/throttle_answers") == challenged, (challenged, log[-3000:])
+    assert "127.0.0.1 throttles the fleet (429/503)" in log
+    assert not stat(log, "dead_letters/count"), log[-3000:]
+    # With the pattern off, a 403 is a 403: never retried as throttled.
+    assert not stat(off.stderr, "politeness/throttle_answers"), off.stderr[-3000:]
+    assert stat(off.stderr, "downloader/response_status_count/403") >= 1, off.stderr[-3000:]

@@ -164,6 +164,7 @@ class DemoSite:
         # A limit the shop does not announce (requests per second from all clients together, 0:
         # none): past it, over any 1-second window, it answers 429 (see limit_rate).
         self._rate_limit = 0.0
+        self.limit_answer = 429
         self._served: deque[float] = deque()
         self._throttled = 0
         self._httpd: _Server | None = None
@@ -257,10 +258,11 @@ class DemoSite:
         with self._lock:
             self._renderer = _Renderer(self._renderer.catalog, share, parts)
 
-    def limit_rate(self, per_second: float) -> None:
+    def limit_rate(self, per_second: float, answer: int = 429) -> None:
         """From now on answer 429 to any request past *per_second* in the last second (0: no limit;
-        below 1: to every request)."""
+        below 1: to every request); *answer* 403: a challenge page instead, as a bot wall does."""
         with self._lock:
+            self.limit_answer = answer
             self._rate_limit = per_second
             self._served.clear()
 
@@ -324,6 +326,11 @@ class DemoSite:
             self._stats.clear()
             self._arrivals.clear()
             self._max_in_flight = self._in_flight
+
+
+# What a bot wall answers a client it takes for a robot (the markers scrapers look for).
+CHALLENGE_PAGE = (b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
+                  b"<div class=\"g-recaptcha\" data-sitekey=\"demo\"></div></body></html>\n")
 
 
 class _Server(ThreadingHTTPServer):
@@ -418,7 +425,10 @@ class _Handler(BaseHTTPRequestHandler):
         site = self.server.site
         site.record(self.path)
         if site.over_limit():
-            self._send(429, "text/plain; charset=utf-8", b"too many requests\n", ())
+            if site.limit_answer == 403:  # a challenge page, as bot walls answer a fast client
+                self._send(403, "text/html; charset=utf-8", CHALLENGE_PAGE, ())
+            else:
+                self._send(429, "text/plain; charset=utf-8", b"too many requests\n", ())
             return
         if self.command == "POST":
             allow = (("Allow", "GET, HEAD"),)

@@ -27,6 +27,7 @@ from typing import Any
 from scrapy.settings import BaseSettings
 
 from ..config import ConfigError, domain_entries, get_bool, get_float, get_int
+from ..scraping_api.routing import DEFAULT_BLOCK_PATTERN, compile_pattern
 
 OVERRIDES = "POLITENESS_OVERRIDES"
 KINDS = ("rate", "concurrency")
@@ -76,6 +77,8 @@ class Adaptive:
     increase: float = 1.0
     min_rate: float = 0.1
     throttled_max_wait: float = 600.0
+    # A 403 whose body matches is a throttle answer too (a bot wall's challenge); None: never.
+    block_pattern: re.Pattern[bytes] | None = None
 
 
 @dataclass
@@ -158,6 +161,13 @@ def parse_limit(spec: object, where: str) -> Limit:
     return Limit(found.get("rate"), found.get("concurrency"))
 
 
+def _unset_is(value: Any, default: str) -> Any:
+    """An unset setting (None) takes the default; ``off`` (or empty) turns it off."""
+    if value is None:
+        return default
+    return "" if str(value).strip().lower() == "off" else value
+
+
 def read_policy(settings: BaseSettings, spider: Any = None) -> Policy:
     """Every ``POLITENESS_*`` setting (and the spider's ``politeness``), checked; ConfigError names a bad one."""
     rate = get_float(settings, "POLITENESS_RATE", 0.0, minimum=0)
@@ -180,6 +190,8 @@ def read_policy(settings: BaseSettings, spider: Any = None) -> Policy:
         increase=get_float(settings, "POLITENESS_ADAPTIVE_INCREASE", 1.0, minimum=0.001),
         min_rate=get_float(settings, "POLITENESS_ADAPTIVE_MIN_RATE", 0.1, minimum=0.001),
         throttled_max_wait=get_float(settings, "POLITENESS_THROTTLED_MAX_WAIT", 600.0, minimum=1),
+        block_pattern=compile_pattern(_unset_is(settings.get("POLITENESS_BLOCK_PATTERN"), DEFAULT_BLOCK_PATTERN),
+                                      "POLITENESS_BLOCK_PATTERN"),
     )
     return Policy(default, overrides, max_wait, adaptive)
 

@@ -210,7 +210,7 @@ class PolitenessMiddleware:
         limit = self.policy.for_host(url.hostname or "")
         domain = limit.domain
         adaptive = self.policy.adaptive.enabled
-        if response.status in THROTTLE_STATUSES:
+        if response.status in THROTTLE_STATUSES or (response.status == 403 and self._challenged(response)):
             self._honour_retry_after(limit, response)
             if adaptive:
                 return self._throttled(request, response, limit)
@@ -223,6 +223,12 @@ class PolitenessMiddleware:
         if rate:
             self._space(request, rate)
         return response
+
+    def _challenged(self, response: Response) -> bool:
+        """A 403 carrying a bot wall's challenge (``POLITENESS_BLOCK_PATTERN``): the site's way of
+        saying "too fast", as a 429 is. Only 403s are read: a 200 is never searched."""
+        pattern = self.policy.adaptive.block_pattern
+        return pattern is not None and pattern.search(response.body[:65536]) is not None
 
     def _honour_retry_after(self, limit: DomainLimit, response: Response) -> None:
         """A site's Retry-After pauses its domain for every node, not just the one that was told."""
