@@ -16,7 +16,7 @@ from scrapy.settings import BaseSettings
 
 from . import backends, shared_state
 from .archive.config import read_config as read_archive_config
-from .config import get_bool, get_float, get_int
+from .conf import registry
 from .politeness.limits import read_policy
 from .middlewares.fetch_boundary import allowed_networks
 from .processing.config import read_config as read_processing_config
@@ -31,53 +31,10 @@ logger = logging.getLogger(__name__)
 
 API_MIDDLEWARE = "scraper.scraping_api.middleware.ScrapingApiMiddleware"
 
-# (setting, kind, minimum): checked at start so a typo fails by name, not deep in a component.
-CHECKED_SETTINGS: tuple[tuple[str, str, float], ...] = (
-    ("CONCURRENT_REQUESTS", "int", 1),
-    ("CONCURRENT_REQUESTS_PER_DOMAIN", "int", 1),
-    ("CONCURRENT_ITEMS", "int", 1),
-    ("DOWNLOAD_DELAY", "float", 0),
-    ("DOWNLOAD_TIMEOUT", "float", 0.001),
-    ("DOWNLOAD_MAXSIZE", "int", 0),
-    ("DOWNLOAD_WARNSIZE", "int", 0),
-    ("DOWNLOAD_POOL_PER_HOST", "int", 1),
-    ("GC_YOUNG_THRESHOLD", "int", 0),
-    ("THREAD_SWITCH_INTERVAL", "float", 0),
-    ("SCHEDULER_IDLE_TIMEOUT", "float", 0),
-    ("SCHEDULER_DUPEFILTER_LOCAL_CACHE", "int", 0),
-    ("SCHEDULER_PREFETCH", "int", 1),
-    ("SCHEDULER_LEASE_TIMEOUT", "float", 0),
-    ("SCHEDULER_MAX_REDELIVERIES", "int", 0),
-    ("SCHEDULER_IDLE_POLL", "float", 0.05),
-    ("POSTGRES_BATCH_SIZE", "int", 1),
-    ("POSTGRES_FLUSH_INTERVAL", "float", 0.01),
-    ("POSTGRES_LAST_SEEN_RESOLUTION", "float", 0),
-    ("POSTGRES_MAX_PENDING", "int", 1),
-    ("POSTGRES_RETRY_TIMEOUT", "float", 0),
-    ("METRICS_PORT", "int", 0),
-    ("DLQ_CALLBACK_RETRIES", "int", 0),
-    ("METRICS_PORT_RANGE", "int", 1),
-    ("METRICS_LINGER", "float", 0),
-    ("POLITENESS_RATE", "float", 0),
-    ("POLITENESS_CONCURRENCY", "int", 0),
-    ("POLITENESS_MAX_WAIT", "float", 1),
-    ("RUNS_NODE_TTL", "float", 1),
-    ("RUNS_REPORT_INTERVAL", "float", 0.1),
-)
-
 
 def validate(settings: BaseSettings) -> None:
     """Raise :class:`~scraper.config.ConfigError` for the first malformed setting."""
-    for name, kind, minimum in CHECKED_SETTINGS:
-        if settings.get(name) is None:
-            continue
-        if kind == "int":
-            get_int(settings, name, 0, minimum=int(minimum))
-        else:
-            get_float(settings, name, 0.0, minimum=minimum)
-    for name in ("SCHEDULER_FLUSH_ON_START", "METRICS_ENABLED", "METRICS_ANNOUNCE", "RUNS_FRESH", shared_state.SETTING):
-        if settings.get(name) is not None:
-            get_bool(settings, name, False)
+    registry.check(settings)  # every declared number, switch and choice: type, bounds, choices
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     shards_setting(settings)  # SCHEDULER_SHARDS: 1 to MAX_SHARDS
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers

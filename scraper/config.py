@@ -39,29 +39,64 @@ def mask_url(url: str | None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None = None) -> int:
+_REGISTRY = object()  # a getter's default: the registry's (scraper/conf/registry.py)
+
+
+def _declared(name: str, default: Any, minimum: Any = None, maximum: Any = None) -> tuple[Any, Any, Any]:
+    """The default and bounds a getter applies: those given, else the registry's."""
+    if default is not _REGISTRY and minimum is not None and maximum is not None:
+        return default, minimum, maximum
+    from .conf.registry import REGISTRY
+
+    declared = REGISTRY.get(name)
+    if default is _REGISTRY:
+        if declared is None:
+            raise KeyError(f"{name} is not a declared setting (scraper/conf/registry.py): give a default")
+        default = declared.default
+    if declared is not None:
+        minimum = declared.minimum if minimum is None else minimum
+        maximum = declared.maximum if maximum is None else maximum
+    return default, minimum, maximum
+
+
+def _bounded(name: str, value: float, minimum: Any, maximum: Any) -> None:
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}: must be at most {maximum}, got {value}")
+
+
+def get_int(settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    """An integer setting, checked against its bounds; unset: *default*, else the registry's."""
+    default, minimum, maximum = _declared(name, default, minimum, maximum)
     raw = settings.get(name, default)
     try:
         value = int(raw)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    _bounded(name, value, minimum, maximum)
     return value
 
 
-def get_float(settings: BaseSettings, name: str, default: float, minimum: float | None = None) -> float:
+def get_float(settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum: float | None = None,
+              maximum: float | None = None) -> float:
+    """A number setting, checked against its bounds; unset: *default*, else the registry's."""
+    default, minimum, maximum = _declared(name, default, minimum, maximum)
     raw = settings.get(name, default)
     try:
         value = float(raw)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    if value != value:
+        raise ConfigError(f"{name}: expected a number, got {raw!r}")
+    _bounded(name, value, minimum, maximum)
     return value
 
 
-def get_bool(settings: BaseSettings, name: str, default: bool) -> bool:
+def get_bool(settings: BaseSettings, name: str, default: Any = _REGISTRY) -> bool:
+    """A true/false setting (1/0, yes/no, on/off too); unset: *default*, else the registry's."""
+    default, _, _ = _declared(name, default, 0, 0)
     raw: Any = settings.get(name, default)
     if isinstance(raw, bool):
         return raw
@@ -73,7 +108,13 @@ def get_bool(settings: BaseSettings, name: str, default: bool) -> bool:
     raise ConfigError(f"{name}: expected true/false, got {raw!r}")
 
 
-def get_choice(settings: BaseSettings, name: str, default: str, choices: tuple[str, ...]) -> str:
+def get_choice(settings: BaseSettings, name: str, default: Any = _REGISTRY, choices: tuple[str, ...] = ()) -> str:
+    """One of *choices* (else the registry's), lower case; unset: *default*, else the registry's."""
+    default, _, _ = _declared(name, default, 0, 0)
+    if not choices:
+        from .conf.registry import get
+
+        choices = get(name).choices
     value = str(settings.get(name, default) or default).strip().lower()
     if value not in choices:
         raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")

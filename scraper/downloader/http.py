@@ -25,7 +25,7 @@ class PooledHTTPDownloadHandler(HTTP11DownloadHandler):
     def __init__(self, crawler: Any) -> None:
         super().__init__(crawler)
         settings = crawler.settings
-        per_domain = get_int(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, minimum=1)
+        per_domain = get_int(settings, "CONCURRENT_REQUESTS_PER_DOMAIN")
         pool = getattr(self, "_pool", None)  # private in Scrapy: without it, Scrapy's own limit stands
         if pool is not None:
             pool.maxPersistentPerHost = get_int(settings, "DOWNLOAD_POOL_PER_HOST", 2 * per_domain, minimum=1)

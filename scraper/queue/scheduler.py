@@ -78,7 +78,7 @@ class SharedScheduler(Scheduler):
         instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
         # What a worker killed at any moment costs in refetched pages: the leases it holds.
         instance.max_leases = get_int(settings, "SCHEDULER_MAX_LEASES",
-                                      2 * get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1), minimum=0)
+                                      2 * get_int(settings, "CONCURRENT_REQUESTS"), minimum=0)
         instance.node_ttl = get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
         instance.fresh = get_bool(settings, "RUNS_FRESH", False)
         seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on

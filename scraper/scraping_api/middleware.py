@@ -142,9 +142,9 @@ def get_settings(settings: Any) -> dict[str, Any]:
         "poll_interval": get_float(settings, "SCRAPING_API_POLL_INTERVAL", 1.0, minimum=0.01),
         "poll_max_interval": get_float(settings, "SCRAPING_API_POLL_MAX_INTERVAL", 10.0, minimum=0.01),
         "job_timeout": get_float(settings, "SCRAPING_API_JOB_TIMEOUT", 600.0, minimum=0.1),
-        "download_timeout": get_float(settings, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.001),
+        "download_timeout": get_float(settings, "DOWNLOAD_TIMEOUT"),
         "download_delay": get_float(settings, "DOWNLOAD_DELAY", 0.0, minimum=0),
-        "max_size": get_int(settings, "DOWNLOAD_MAXSIZE", 0, minimum=0),
+        "max_size": get_int(settings, "DOWNLOAD_MAXSIZE"),
         "block_statuses": parse_statuses(settings.get("SCRAPING_API_BLOCK_STATUSES", "403,429")),
         "block_pattern": compile_pattern(settings.get("SCRAPING_API_BLOCK_PATTERN", DEFAULT_BLOCK_PATTERN)),
         "options": dict(options),
@@ -174,7 +174,7 @@ class ScrapingApiMiddleware:
         self.budget: Budget = Budget(conf["budget"])
         self.shared: Any = None  # Redis, when this process is a node of a shared crawl
         self.client = ApiClient(
-            max_connections=max(1, crawler.settings.getint("CONCURRENT_REQUESTS", 16)),
+            max_connections=get_int(crawler.settings, "CONCURRENT_REQUESTS"),
             max_size=conf["max_size"],
             user_agent=f"scraper/{self.provider.name}",
         )
