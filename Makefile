@@ -12,7 +12,7 @@ TARGET  ?= default
 # Two pytest workers on two cores: most tests wait on real processes, not the CPU.
 TEST_WORKERS ?= 2
 
-.PHONY: install tools demo demo-site test bench clean deploy
+.PHONY: install tools demo demo-site test test-fast check bench clean deploy
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ tools:
 
 test: $(STAMP) tools
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
+# Lint, format and the import contracts (no cycles; commands over node over runs over queue;
+# crawl code free of the development tools). CI runs it before the tests.
+check: $(STAMP)
+	$(BIN)/ruff check scraper tests bench
+	$(BIN)/ruff format --check scraper tests bench
+	PYTHONPATH=. $(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

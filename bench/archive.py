@@ -52,16 +52,26 @@ def main() -> None:
         redis.Redis.from_url(redis_url).flushdb()
 
     with DemoSite(Catalog(products=products)) as site:
-        env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": db, "DEMO_SITE_URL": site.url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
-               "SCHEDULER_IDLE_TIMEOUT": "1", "METRICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": db,
+            "DEMO_SITE_URL": site.url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "SCHEDULER_IDLE_TIMEOUT": "1",
+            "METRICS_ENABLED": "false",
+            "PYTHONPATH": str(ROOT),
+        }
         fresh()
         plain = run(env, "crawl", "demo")
         fresh()
         archived = run({**env, "ARCHIVE_URL": archive}, "crawl", "demo")
     conn = psycopg2.connect(db)
     with conn.cursor() as cur:
-        cur.execute("SELECT count(*), sum(record_length), sum(CASE WHEN record_type = 'revisit' THEN payload_length"
-                    " ELSE record_length END), count(*) FILTER (WHERE record_type = 'revisit') FROM archive_index")
+        cur.execute(
+            "SELECT count(*), sum(record_length), sum(CASE WHEN record_type = 'revisit' THEN payload_length"
+            " ELSE record_length END), count(*) FILTER (WHERE record_type = 'revisit') FROM archive_index"
+        )
         pages, stored, undeduped, revisits = cur.fetchone()
     conn.close()
     replay = run({**env, "ARCHIVE_URL": archive}, "reprocess", "demo")

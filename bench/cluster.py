@@ -33,9 +33,8 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))
 
 import redis  # noqa: E402
-from redis.crc import key_slot  # noqa: E402
-
 from procs import cpu_seconds, private_redis, redis_pid  # noqa: E402
+from redis.crc import key_slot  # noqa: E402
 
 SLUGS = ("audio", "kitchen-dining", "lighting", "apparel", "baby", "travel", "outdoor-garden", "home-office")
 PER_PAGE = 20  # products per listing page of the demo shop: the links one page yields at once
@@ -56,8 +55,12 @@ def demo_requests(spider: Any, count: int, salt: str, hosts: int = 1) -> list[tu
         slug = SLUGS[i % len(SLUGS)]
         page = i // (PER_PAGE * len(SLUGS)) + 1
         site = f"http://127.0.0.1:8765/{salt}" if hosts == 1 else f"http://shop{(i // PER_PAGE) % hosts}.test/{salt}"
-        request = scrapy.Request(f"{site}/c/{slug}/p/{i + 1}.html", callback=spider.parse_product,
-                                 headers={"Referer": f"{site}/c/{slug}/?page={page}"}, meta={"depth": page + 1})
+        request = scrapy.Request(
+            f"{site}/c/{slug}/p/{i + 1}.html",
+            callback=spider.parse_product,
+            headers={"Referer": f"{site}/c/{slug}/?page={page}"},
+            meta={"depth": page + 1},
+        )
         out.append((request, fingerprinter.fingerprint(request).hex()))
     return out
 
@@ -83,7 +86,7 @@ def frontier(server: Any, name: str, shards: int = 1) -> tuple[Any, Any, Any]:
 def claim_all(queue: Any, seen: Any, requests: list[tuple[Any, str]]) -> int:
     queued = 0
     for start in range(0, len(requests), PER_PAGE):
-        for request, fingerprint in requests[start:start + PER_PAGE]:
+        for request, fingerprint in requests[start : start + PER_PAGE]:
             queue.stage(request, seen, fingerprint)
         queued += queue.flush_staged()[0]
     return queued
@@ -222,10 +225,14 @@ def memory(store: Store, count: int) -> dict[str, float]:
     bloom_bytes = sum(server.memory_usage(k, samples=0) or 0 for k in bloom.keys())
     bloom_delta = store.used_memory() - before_bloom
     store.flush()
-    return {"request_json": data_bytes, "queued": (queued - base - seen_bytes) / count,
-            "seen_set": seen_bytes / count,
-            "leased": (leased - base - seen_bytes) / count, "bloom": bloom_bytes / count,
-            "bloom_delta": bloom_delta / count}
+    return {
+        "request_json": data_bytes,
+        "queued": (queued - base - seen_bytes) / count,
+        "seen_set": seen_bytes / count,
+        "leased": (leased - base - seen_bytes) / count,
+        "bloom": bloom_bytes / count,
+        "bloom_delta": bloom_delta / count,
+    }
 
 
 def throughput(store: Store, names: list[str], count: int, shards: int = 1) -> dict[str, Any]:
@@ -235,9 +242,21 @@ def throughput(store: Store, names: list[str], count: int, shards: int = 1) -> d
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(len(names) + 1)
     answers = ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(store.url, names[0] if shards > 1 else name, count, barrier, answers,
-                                               shards, f"c{i}" if shards > 1 else ""))
-             for i, name in enumerate(names)]
+    procs = [
+        ctx.Process(
+            target=_client,
+            args=(
+                store.url,
+                names[0] if shards > 1 else name,
+                count,
+                barrier,
+                answers,
+                shards,
+                f"c{i}" if shards > 1 else "",
+            ),
+        )
+        for i, name in enumerate(names)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -262,27 +281,38 @@ def throughput(store: Store, names: list[str], count: int, shards: int = 1) -> d
     for name, claimed, popped, _, _ in results if shards == 1 else ():
         if claimed != count or popped != count:
             raise SystemExit(f"{store.label}: {name} claimed {claimed} and popped {popped} of {count}")
-    out: dict[str, Any] = {"clients": len(names), "shards": shards, "homes": (
-        {n: store.home(n) for n in names} if shards == 1 else _shard_homes(store, names[0], shards))}
+    out: dict[str, Any] = {
+        "clients": len(names),
+        "shards": shards,
+        "homes": ({n: store.home(n) for n in names} if shards == 1 else _shard_homes(store, names[0], shards)),
+    }
     for phase, (start, end) in (("claims", (marks[0], marks[1])), ("pops", (marks[1], marks[2]))):
         seconds = end[0] - start[0]
         used = {node: end[1][node] - start[1][node] for node in end[1]}
         # Which commands an operation costs the server: a round trip more shows here.
         commands = {name: (calls - start[2].get(name, 0)) / total for name, calls in end[2].items()}
-        out[phase] = {"per_s": total / seconds, "seconds": seconds,
-                      "redis_cpu_per_1000": 1000 * sum(used.values()) / total,
-                      "client_cpu_per_1000": 1000 * client_cpu[phase] / total,
-                      "busiest_master_cpu_share": max(used.values()) / seconds, "cpu_by_node": used,
-                      "commands_per_op": {k: round(v, 2) for k, v in commands.items() if v >= 0.05}}
+        out[phase] = {
+            "per_s": total / seconds,
+            "seconds": seconds,
+            "redis_cpu_per_1000": 1000 * sum(used.values()) / total,
+            "client_cpu_per_1000": 1000 * client_cpu[phase] / total,
+            "busiest_master_cpu_share": max(used.values()) / seconds,
+            "cpu_by_node": used,
+            "commands_per_op": {k: round(v, 2) for k, v in commands.items() if v >= 0.05},
+        }
     store.flush()
     return out
 
 
-def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: int = 3,
-        replicas: int = 0) -> dict[str, Any]:
-    print(f"\none Redis vs a local 3-master Redis Cluster ({replicas} replicas per master): memory for "
-          f"{memory_count:,} demo requests, claims and pops of {ops_count:,} requests per client, 1 and "
-          f"{clients} client processes ...", flush=True)
+def run(
+    res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: int = 3, replicas: int = 0
+) -> dict[str, Any]:
+    print(
+        f"\none Redis vs a local 3-master Redis Cluster ({replicas} replicas per master): memory for "
+        f"{memory_count:,} demo requests, claims and pops of {ops_count:,} requests per client, 1 and "
+        f"{clients} client processes ...",
+        flush=True,
+    )
     cmp = "Redis Cluster capacity"
     figures: dict[str, Any] = {}
     plain, plain_proc = plain_store()
@@ -293,12 +323,16 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
         names = spread_names(max(1, clients), _slot_ranges(cluster))
         for store in stores:
             mem = memory(store, memory_count)
-            print(f"{store.label}: {mem['request_json']:.0f}-byte request JSON; queued {mem['queued']:.0f} bytes per "
-                  f"request, seen-set {mem['seen_set']:.1f} bytes per URL, Bloom filter (0.1 %) {mem['bloom']:.2f}, "
-                  f"leased {mem['leased']:.0f} bytes per request", flush=True)
+            print(
+                f"{store.label}: {mem['request_json']:.0f}-byte request JSON; queued {mem['queued']:.0f} bytes per "
+                f"request, seen-set {mem['seen_set']:.1f} bytes per URL, Bloom filter (0.1 %) {mem['bloom']:.2f}, "
+                f"leased {mem['leased']:.0f} bytes per request",
+                flush=True,
+            )
             tag = {"store": store.label, "requests": memory_count}
-            res.add(cmp, "bytes per queued request", mem["queued"], "bytes", request_json=round(mem["request_json"]),
-                    **tag)
+            res.add(
+                cmp, "bytes per queued request", mem["queued"], "bytes", request_json=round(mem["request_json"]), **tag
+            )
             res.add(cmp, "bytes per seen URL, set", mem["seen_set"], "bytes", **tag)
             res.add(cmp, "bytes per seen URL, Bloom filter at 0.1 %", mem["bloom"], "bytes", **tag)
             res.add(cmp, "bytes per leased request", mem["leased"], "bytes", **tag)
@@ -310,44 +344,84 @@ def run(res: Any, memory_count: int = 60_000, ops_count: int = 20_000, clients: 
                 print(f"  {r['clients']} client(s) ({homes}):", flush=True)
                 for phase in ("claims", "pops"):
                     p = r[phase]
-                    print(f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
-                          f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
-                          f"{100 * p['busiest_master_cpu_share']:.0f} % of a core; commands per {phase[:-1]}: "
-                          + ", ".join(f"{k} {v:g}" for k, v in sorted(p["commands_per_op"].items())), flush=True)
-                    detail = {"store": store.label, "clients": r["clients"], "homes": r["homes"],
-                              "requests_per_client": ops_count}
+                    print(
+                        f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
+                        f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
+                        f"{100 * p['busiest_master_cpu_share']:.0f} % of a core; commands per {phase[:-1]}: "
+                        + ", ".join(f"{k} {v:g}" for k, v in sorted(p["commands_per_op"].items())),
+                        flush=True,
+                    )
+                    detail = {
+                        "store": store.label,
+                        "clients": r["clients"],
+                        "homes": r["homes"],
+                        "requests_per_client": ops_count,
+                    }
                     res.add(cmp, f"{phase}/s", p["per_s"], f"{phase}/s", **detail)
-                    res.add(cmp, f"Redis CPU per 1,000 {phase}", p["redis_cpu_per_1000"], "s",
-                            cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()},
-                            commands_per_op=p["commands_per_op"], **detail)
+                    res.add(
+                        cmp,
+                        f"Redis CPU per 1,000 {phase}",
+                        p["redis_cpu_per_1000"],
+                        "s",
+                        cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()},
+                        commands_per_op=p["commands_per_op"],
+                        **detail,
+                    )
                     res.add(cmp, f"client CPU per 1,000 {phase}", p["client_cpu_per_1000"], "s", **detail)
             if store.cluster is not None and clients > 1:
                 # One spider, its frontier in one shard per master: the spread several spiders get.
                 r = throughput(store, [names[0]] * clients, ops_count, shards=len(names))
                 runs.append(r)
-                print(f"  {r['clients']} client(s) of one spider, SCHEDULER_SHARDS={len(names)} "
-                      f"({', '.join(f'{t} on {h}' for t, h in r['homes'].items())}):", flush=True)
+                print(
+                    f"  {r['clients']} client(s) of one spider, SCHEDULER_SHARDS={len(names)} "
+                    f"({', '.join(f'{t} on {h}' for t, h in r['homes'].items())}):",
+                    flush=True,
+                )
                 for phase in ("claims", "pops"):
                     p = r[phase]
-                    print(f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
-                          f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
-                          f"{100 * p['busiest_master_cpu_share']:.0f} % of a core", flush=True)
-                    detail = {"store": store.label, "clients": r["clients"], "shards": len(names), "homes": r["homes"],
-                              "requests_per_client": ops_count}
+                    print(
+                        f"    {phase:6} {p['per_s']:>8,.0f}/s, CPU s per 1,000: Redis {p['redis_cpu_per_1000']:.3f}, "
+                        f"clients {p['client_cpu_per_1000']:.3f}; busiest Redis process "
+                        f"{100 * p['busiest_master_cpu_share']:.0f} % of a core",
+                        flush=True,
+                    )
+                    detail = {
+                        "store": store.label,
+                        "clients": r["clients"],
+                        "shards": len(names),
+                        "homes": r["homes"],
+                        "requests_per_client": ops_count,
+                    }
                     res.add(cmp, f"{phase}/s, one spider sharded", p["per_s"], f"{phase}/s", **detail)
-                    res.add(cmp, f"Redis CPU per 1,000 {phase}, one spider sharded", p["redis_cpu_per_1000"], "s",
-                            cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()}, **detail)
+                    res.add(
+                        cmp,
+                        f"Redis CPU per 1,000 {phase}, one spider sharded",
+                        p["redis_cpu_per_1000"],
+                        "s",
+                        cpu_by_node={k: round(v, 2) for k, v in p["cpu_by_node"].items()},
+                        **detail,
+                    )
             figures[store.label] = {"memory": mem, "runs": runs}
         for phase in ("claims", "pops"):
             single = figures[stores[1].label]["runs"][0][phase]["redis_cpu_per_1000"]
             ceiling = 1000 / single if single else float("inf")
-            res.add(cmp, f"one master's ceiling, {phase}/s (one core / measured Redis CPU per {phase[:-1]})",
-                    ceiling, f"{phase}/s", store=stores[1].label)
-            print(f"one master's ceiling from its CPU per {phase[:-1]}: ~{ceiling:,.0f} {phase}/s with a core of "
-                  f"its own", flush=True)
-        print("Every key of a spider carries its hash tag {spider}: unsharded, one spider's frontier sits in one "
-              "slot on one master, so its claims and pops are bounded by that master's core; with "
-              "SCHEDULER_SHARDS=N its frontier spreads over N hash tags, so over up to N masters.", flush=True)
+            res.add(
+                cmp,
+                f"one master's ceiling, {phase}/s (one core / measured Redis CPU per {phase[:-1]})",
+                ceiling,
+                f"{phase}/s",
+                store=stores[1].label,
+            )
+            print(
+                f"one master's ceiling from its CPU per {phase[:-1]}: ~{ceiling:,.0f} {phase}/s with a core of its own",
+                flush=True,
+            )
+        print(
+            "Every key of a spider carries its hash tag {spider}: unsharded, one spider's frontier sits in one "
+            "slot on one master, so its claims and pops are bounded by that master's core; with "
+            "SCHEDULER_SHARDS=N its frontier spreads over N hash tags, so over up to N masters.",
+            flush=True,
+        )
     finally:
         for store in stores:
             if store.cluster is not None:
@@ -367,6 +441,6 @@ def _slot_ranges(cluster: Any) -> list[tuple[int, int]]:
     """The first slot range of each master, in port order."""
     node = cluster.node(cluster.masters()[0])
     ranges: dict[int, tuple[int, int]] = {}
-    for start, end, (host, port, *_), *_ in node.execute_command("CLUSTER", "SLOTS"):
+    for start, end, (_host, port, *_), *_ in node.execute_command("CLUSTER", "SLOTS"):
         ranges.setdefault(int(port), (int(start), int(end)))
     return [ranges[port] for port in sorted(ranges)]

@@ -42,8 +42,10 @@ def main() -> None:
             else:
                 other += 1
                 print("differs:", text, zone, order)
-    print(f"fast path answered {answered} strings: {equal} equal to dateparser, "
-          f"{documented} deliberately not (fold, skipped hour, past 2037), {other} other differences")
+    print(
+        f"fast path answered {answered} strings: {equal} equal to dateparser, "
+        f"{documented} deliberately not (fold, skipped hour, past 2037), {other} other differences"
+    )
 
 
 if __name__ == "__main__":

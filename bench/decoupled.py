@@ -24,8 +24,9 @@ from procs import PostgresWatch, cpu_seconds, redis_pid
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(env: dict[str, str], commands: list[tuple[str, ...]], dsn: str, server: Any,
-        done_when: list[int]) -> dict[str, float]:
+def run(
+    env: dict[str, str], commands: list[tuple[str, ...]], dsn: str, server: Any, done_when: list[int]
+) -> dict[str, float]:
     """Launch *commands* together; the crawl is done when the processes at *done_when* (indices)
     have exited. Returns pages, pages/s and CPU seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -33,9 +34,17 @@ def run(env: dict[str, str], commands: list[tuple[str, ...]], dsn: str, server: 
     watch = PostgresWatch(dsn)
     logs = [tempfile.TemporaryFile("w+") for _ in commands]
     started = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "scrapy", *args, "-s", "LOG_LEVEL=INFO"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=log, text=True)
-             for args, log in zip(commands, logs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "scrapy", *args, "-s", "LOG_LEVEL=INFO"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
+        for args, log in zip(commands, logs)
+    ]
     done_at = None
     while any(p.poll() is None for p in procs):
         watch.poll([p.pid for p in procs])
@@ -54,21 +63,37 @@ def run(env: dict[str, str], commands: list[tuple[str, ...]], dsn: str, server: 
         if proc.returncode != 0:
             sys.stderr.write(texts[-1][-4000:])
             raise SystemExit("a crawl process failed")
-    pages = sum(float(m.group(1)) for text, args in zip(texts, commands) if args[0] == "crawl"
-                for m in [re.search(r"'response_received_count': (\d+)", text)] if m)
+    pages = sum(
+        float(m.group(1))
+        for text, args in zip(texts, commands)
+        if args[0] == "crawl"
+        for m in [re.search(r"'response_received_count': (\d+)", text)]
+        if m
+    )
     items = sum(float(m.group(1)) for text in texts for m in [re.search(r"'item_scraped_count': (\d+)", text)] if m)
     crawl_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     wall = done_at - started
-    return {"pages": pages, "items": items, "seconds": wall, "pages_per_s": pages / wall,
-            "crawl_cpu_s": crawl_cpu, "redis_cpu_s": redis_cpu, "postgres_cpu_s": pg_cpu,
-            "all_cpu_s": crawl_cpu + redis_cpu + pg_cpu}
+    return {
+        "pages": pages,
+        "items": items,
+        "seconds": wall,
+        "pages_per_s": pages / wall,
+        "crawl_cpu_s": crawl_cpu,
+        "redis_cpu_s": redis_cpu,
+        "postgres_cpu_s": pg_cpu,
+        "all_cpu_s": crawl_cpu + redis_cpu + pg_cpu,
+    }
 
 
 VARIANTS: list[tuple[str, list[tuple[str, ...]], dict[str, str], list[int]]] = [
     ("in-process, 1 crawler", [("crawl", "demo")], {}, [0]),
     # The processor may start before the fetcher has joined the run: it must not take the empty
     # stream for the end (the bench's SCHEDULER_IDLE_TIMEOUT is 0).
-    ("decoupled, 1 fetcher + 1 processor",
-     [("crawl", "demo"), ("process", "demo", "-s", "SCHEDULER_IDLE_TIMEOUT=5")], {"PROCESSING": "decoupled"}, [0]),
+    (
+        "decoupled, 1 fetcher + 1 processor",
+        [("crawl", "demo"), ("process", "demo", "-s", "SCHEDULER_IDLE_TIMEOUT=5")],
+        {"PROCESSING": "decoupled"},
+        [0],
+    ),
     ("in-process, 2 crawlers", [("crawl", "demo"), ("crawl", "demo")], {}, [0, 1]),
 ]

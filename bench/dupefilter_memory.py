@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     keys = [SET_KEY, BLOOM_KEY, f"{BLOOM_KEY}:params"]
     server.delete(*keys)
     version = server.info("server")["redis_version"]
-    print(f"Redis {version} ({'embedded' if embedded else 'server'}), database {BENCH_REDIS_DB}; "
-          f"{n:,} URL fingerprints", flush=True)
+    print(
+        f"Redis {version} ({'embedded' if embedded else 'server'}), database {BENCH_REDIS_DB}; {n:,} URL fingerprints",
+        flush=True,
+    )
     urls = fingerprints(n, "seen")
     try:
         print("set: claiming ...", flush=True)
@@ -135,9 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("bloom: measuring false positives ...", flush=True)
         bits = server.get(BLOOM_KEY).ljust(bloom.bytes, b"\0")
         fresh = fingerprints(args.fresh or n, "fresh")
-        false_positives = sum(
-            all(bits[q >> 3] >> (7 - (q & 7)) & 1 for q in bloom.positions(fp)) for fp in fresh
-        )
+        false_positives = sum(all(bits[q >> 3] >> (7 - (q & 7)) & 1 for q in bloom.positions(fp)) for fp in fresh)
     finally:
         server.delete(*keys)
 
@@ -168,15 +168,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'':8}{'MEMORY USAGE':>14}{'used_memory':>13}{'dataset':>10}{'claims/s':>11}{'Redis µs':>10}")
     print(f"{'':8}{'bytes/URL':>14}{'bytes/URL':>13}{'bytes/URL':>10}{'':>11}{'per claim':>10}")
     for name in ("set", "bloom"):
-        print(f"{name:8}{figures[f'{name}_bytes_per_url']:>14.2f}{figures[f'{name}_used_memory_per_url']:>13.2f}"
-              f"{figures[f'{name}_dataset_per_url']:>10.2f}{figures[f'{name}_inserts_per_s']:>11,.0f}"
-              f"{figures[f'{name}_server_usec_per_claim']:>10.1f}")
-    print(f"\nset / bloom memory: {figures['set_bytes_per_url'] / figures['bloom_bytes_per_url']:.0f}x; "
-          f"bloom claims/s relative to set: {figures['bloom_inserts_per_s'] / figures['set_inserts_per_s']:.2f}x")
-    print(f"bloom false positives once full: {figures['bloom_fp_rate_measured']:.5f} measured on {len(fresh):,} "
-          f"fresh URLs, {figures['bloom_fp_rate_expected']:.5f} expected")
-    print(f"bloom: {figures['bloom_missed_while_filling']:.5%} of the {n:,} URLs wrongly taken for seen while "
-          f"filling; size estimate {estimated:,.0f}")
+        print(
+            f"{name:8}{figures[f'{name}_bytes_per_url']:>14.2f}{figures[f'{name}_used_memory_per_url']:>13.2f}"
+            f"{figures[f'{name}_dataset_per_url']:>10.2f}{figures[f'{name}_inserts_per_s']:>11,.0f}"
+            f"{figures[f'{name}_server_usec_per_claim']:>10.1f}"
+        )
+    print(
+        f"\nset / bloom memory: {figures['set_bytes_per_url'] / figures['bloom_bytes_per_url']:.0f}x; "
+        f"bloom claims/s relative to set: {figures['bloom_inserts_per_s'] / figures['set_inserts_per_s']:.2f}x"
+    )
+    print(
+        f"bloom false positives once full: {figures['bloom_fp_rate_measured']:.5f} measured on {len(fresh):,} "
+        f"fresh URLs, {figures['bloom_fp_rate_expected']:.5f} expected"
+    )
+    print(
+        f"bloom: {figures['bloom_missed_while_filling']:.5%} of the {n:,} URLs wrongly taken for seen while "
+        f"filling; size estimate {estimated:,.0f}"
+    )
     return figures
 
 

@@ -28,11 +28,27 @@ def measure(env: dict[str, str], dsn: str, limit: float, products: int, workers:
     catalog = Catalog(products=products)
     with DemoSite(catalog) as site:
         site.limit_rate(limit)
-        run_env = {**env, "DEMO_SITE_URL": site.url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "CONCURRENT_REQUESTS": "8",
-                   "SCHEDULER_IDLE_TIMEOUT": "3", "METRICS_ENABLED": "false", "QUALITY_FAIL_EXIT": "0"}
+        run_env = {
+            **env,
+            "DEMO_SITE_URL": site.url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "CONCURRENT_REQUESTS": "8",
+            "SCHEDULER_IDLE_TIMEOUT": "3",
+            "METRICS_ENABLED": "false",
+            "QUALITY_FAIL_EXIT": "0",
+        }
         started = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "demo"], cwd=ROOT, env=run_env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "scrapy", "crawl", "demo"],
+                cwd=ROOT,
+                env=run_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(workers)
+        ]
         logs = [p.communicate(timeout=1800)[1] for p in procs]
         took = time.monotonic() - started
         for proc, log in zip(procs, logs):
@@ -52,9 +68,14 @@ def measure(env: dict[str, str], dsn: str, limit: float, products: int, workers:
         conn.close()
     requests = stats["total"]
     return {
-        "workers": workers, "limit": limit, "pages": len(catalog.pages()),
-        "valid_products": len(catalog.valid_products()), "stored": stored, "requests": requests,
-        "throttled": stats["throttled"], "throttled_share": stats["throttled"] / requests if requests else 0.0,
+        "workers": workers,
+        "limit": limit,
+        "pages": len(catalog.pages()),
+        "valid_products": len(catalog.valid_products()),
+        "stored": stored,
+        "requests": requests,
+        "throttled": stats["throttled"],
+        "throttled_share": stats["throttled"] / requests if requests else 0.0,
         "pages_per_s": len(catalog.pages()) / took,
         "settled_rate": statistics.median(per_second[s] for s in seconds) if seconds else 0.0,
     }

@@ -49,7 +49,9 @@ def examples() -> list[Any]:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    names = sorted(n for n in vars(module) if n.startswith("PRICE_PARSING_EXAMPLES") or n.startswith("PRICE_PARSING_DECIMAL"))
+    names = sorted(
+        n for n in vars(module) if n.startswith("PRICE_PARSING_EXAMPLES") or n.startswith("PRICE_PARSING_DECIMAL")
+    )
     return [example for name in names for example in getattr(module, name)]
 
 

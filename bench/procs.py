@@ -43,8 +43,11 @@ def private_redis() -> tuple[subprocess.Popen, str] | None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     folder = tempfile.mkdtemp(prefix="scraper-bench-redis-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -69,8 +72,10 @@ class PostgresWatch:
 
     def _background(self) -> list[int]:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT pid FROM pg_stat_activity WHERE backend_type IN "
-                        "('walwriter', 'checkpointer', 'background writer', 'autovacuum launcher')")
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type IN "
+                "('walwriter', 'checkpointer', 'background writer', 'autovacuum launcher')"
+            )
             return [r[0] for r in cur.fetchall()]
 
     def poll(self, crawler_pids: list[int]) -> None:
@@ -90,8 +95,9 @@ class PostgresWatch:
         return sum(self.seen.values())
 
     def background_cpu(self) -> float:
-        return sum((cpu_seconds(pid) or self.background_start[pid]) - self.background_start[pid]
-                   for pid in self.background)
+        return sum(
+            (cpu_seconds(pid) or self.background_start[pid]) - self.background_start[pid] for pid in self.background
+        )
 
     def close(self) -> None:
         self.conn.close()

@@ -32,20 +32,32 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
+from run import PLAIN, drop_tables, recreate_database, start_site, with_redis_db  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
-from run import PLAIN, drop_tables, recreate_database, start_site, with_redis_db  # noqa: E402
 
 _PACKAGES = (
-    ("scraper/queue", "scraper/queue"), ("scraper/pipelines", "scraper/pipelines"),
-    ("scraper/cleaning", "scraper/cleaning"), ("scraper/storage", "scraper/storage"),
-    ("scraper/monitoring", "scraper/monitoring"), ("scraper/politeness", "scraper/politeness"),
-    ("scraper/", "scraper (other)"), ("site-packages/scrapy_redis", "scrapy_redis"),
-    ("site-packages/scrapy/", "scrapy"), ("site-packages/twisted", "twisted"), ("asyncio", "twisted"),
-    ("site-packages/redis/", "redis"), ("site-packages/parsel", "parsel"), ("site-packages/lxml", "parsel"),
-    ("site-packages/w3lib", "w3lib + urllib"), ("urllib/", "w3lib + urllib"), ("site-packages/psycopg2", "psycopg2"),
-    ("site-packages/prometheus_client", "prometheus_client"), ("json/", "json"), ("orjson", "json"),
+    ("scraper/queue", "scraper/queue"),
+    ("scraper/pipelines", "scraper/pipelines"),
+    ("scraper/cleaning", "scraper/cleaning"),
+    ("scraper/storage", "scraper/storage"),
+    ("scraper/monitoring", "scraper/monitoring"),
+    ("scraper/politeness", "scraper/politeness"),
+    ("scraper/", "scraper (other)"),
+    ("site-packages/scrapy_redis", "scrapy_redis"),
+    ("site-packages/scrapy/", "scrapy"),
+    ("site-packages/twisted", "twisted"),
+    ("asyncio", "twisted"),
+    ("site-packages/redis/", "redis"),
+    ("site-packages/parsel", "parsel"),
+    ("site-packages/lxml", "parsel"),
+    ("site-packages/w3lib", "w3lib + urllib"),
+    ("urllib/", "w3lib + urllib"),
+    ("site-packages/psycopg2", "psycopg2"),
+    ("site-packages/prometheus_client", "prometheus_client"),
+    ("json/", "json"),
+    ("orjson", "json"),
 )
 
 
@@ -80,7 +92,10 @@ finally:
 def profile(env: dict[str, str], extra: list[str], out: Path) -> tuple[pstats.Stats, float]:
     log = subprocess.run(
         [sys.executable, "-c", _RUNNER, str(out), "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if log.returncode != 0:
         sys.stderr.write(log.stderr[-3000:])
@@ -93,14 +108,36 @@ def profile(env: dict[str, str], extra: list[str], out: Path) -> tuple[pstats.St
 _IDLE = re.compile(r"(Condition\.wait|Selector\.select|_wait_for_tstate_lock|sleep) \([^;]*$")
 
 
-def spy(env: dict[str, str], extra: list[str], out: Path, rate: int = 400) -> tuple[dict[str, int], dict[str, int], int]:
+def spy(
+    env: dict[str, str], extra: list[str], out: Path, rate: int = 400
+) -> tuple[dict[str, int], dict[str, int], int]:
     """The crawl under py-spy (a sampling profiler: no per-call overhead, every thread): samples
     per function, inclusive and self, leaving out stacks that end waiting."""
     binary = Path(sys.executable).with_name("py-spy")
     subprocess.run(
-        [str(binary), "record", "-r", str(rate), "-f", "raw", "-o", str(out), "--", sys.executable, "-m", "scrapy",
-         "crawl", "demo", "-s", "LOG_LEVEL=WARNING", *extra],
-        cwd=ROOT, env=env, check=True, capture_output=True,
+        [
+            str(binary),
+            "record",
+            "-r",
+            str(rate),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "--",
+            sys.executable,
+            "-m",
+            "scrapy",
+            "crawl",
+            "demo",
+            "-s",
+            "LOG_LEVEL=WARNING",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
     )
     inclusive: dict[str, int] = defaultdict(int)
     own: dict[str, int] = defaultdict(int)
@@ -111,8 +148,10 @@ def spy(env: dict[str, str], extra: list[str], out: Path, rate: int = 400) -> tu
             continue
         n = int(count)
         total += n
-        frames = [re.sub(r":\d+\)$", ")", f).replace(str(ROOT) + "/", "").split("site-packages/")[-1]
-                  for f in stack.split(";")]
+        frames = [
+            re.sub(r":\d+\)$", ")", f).replace(str(ROOT) + "/", "").split("site-packages/")[-1]
+            for f in stack.split(";")
+        ]
         for frame in set(frames):
             inclusive[frame] += n
         own[frames[-1]] += n
@@ -139,19 +178,35 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=2000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--only", choices=["plain", "pipeline"], default=None)
-    parser.add_argument("--py-spy", action="store_true",
-                        help="sample with py-spy instead (every thread, no per-call overhead; samples, not µs)")
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="sample with py-spy instead (every thread, no per-call overhead; samples, not µs)",
+    )
     args = parser.parse_args()
 
-    found = backends.resolve(Settings({"REDIS_URL": os.environ.get("REDIS_URL", ""),
-                                       "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
-                                       "DATA_DIR": tempfile.mkdtemp(prefix="scraper-profile-")}))
+    found = backends.resolve(
+        Settings(
+            {
+                "REDIS_URL": os.environ.get("REDIS_URL", ""),
+                "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+                "DATA_DIR": tempfile.mkdtemp(prefix="scraper-profile-"),
+            }
+        )
+    )
     redis_url = with_redis_db(found.redis_url, 7)
     dsn = recreate_database(found.database_url)
     site, url = start_site(args.products)
     workdir = Path(tempfile.mkdtemp(prefix="scraper-profile-"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-           "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DEMO_SITE_URL": url,
+        "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": dsn,
+        "SCHEDULER_IDLE_TIMEOUT": "0",
+    }
     results = {}
     try:
         for name, extra in (("plain", PLAIN), ("pipeline", [])):
@@ -176,17 +231,25 @@ def main() -> None:
     packages = {name: by_package(s, p) for name, (s, p) in results.items()}
     plain = packages.get("plain", {})
     pipe = packages.get("pipeline", {})
-    print(f"\nself time per page by package (µs; cProfile-inflated)\n{'package':34}{'plain':>9}{'pipeline':>10}{'extra':>9}")
+    print(
+        f"\nself time per page by package (µs; cProfile-inflated)\n{'package':34}{'plain':>9}{'pipeline':>10}{'extra':>9}"
+    )
     for label in sorted(set(plain) | set(pipe), key=lambda k: -(pipe.get(k, 0) - plain.get(k, 0)))[: args.top]:
-        print(f"{label:34}{plain.get(label, 0):>9.0f}{pipe.get(label, 0):>10.0f}{pipe.get(label, 0) - plain.get(label, 0):>+9.0f}")
-    print(f"{'total':34}{sum(plain.values()):>9.0f}{sum(pipe.values()):>10.0f}"
-          f"{sum(pipe.values()) - sum(plain.values()):>+9.0f}")
+        print(
+            f"{label:34}{plain.get(label, 0):>9.0f}{pipe.get(label, 0):>10.0f}{pipe.get(label, 0) - plain.get(label, 0):>+9.0f}"
+        )
+    print(
+        f"{'total':34}{sum(plain.values()):>9.0f}{sum(pipe.values()):>10.0f}"
+        f"{sum(pipe.values()) - sum(plain.values()):>+9.0f}"
+    )
 
     funcs = {name: by_function(s, p) for name, (s, p) in results.items()}
     fp, fq = funcs.get("plain", {}), funcs.get("pipeline", {})
     print(f"\ntop functions by extra self time per page (µs)\n{'function':90}{'plain':>8}{'pipeline':>9}{'extra':>8}")
     for label in sorted(set(fp) | set(fq), key=lambda k: -(fq.get(k, 0) - fp.get(k, 0)))[: args.top]:
-        print(f"{label[-90:]:90}{fp.get(label, 0):>8.1f}{fq.get(label, 0):>9.1f}{fq.get(label, 0) - fp.get(label, 0):>+8.1f}")
+        print(
+            f"{label[-90:]:90}{fp.get(label, 0):>8.1f}{fq.get(label, 0):>9.1f}{fq.get(label, 0) - fp.get(label, 0):>+8.1f}"
+        )
 
 
 def print_samples(results: dict[str, tuple[dict[str, int], dict[str, int], int]], top: int) -> None:

@@ -36,10 +36,16 @@ def measure(env: dict[str, str], site_url: str, slow_site_url: str, fresh: calla
     archive = tempfile.mkdtemp(prefix="bench-reprocess-")
     env = {**env, "ARCHIVE_URL": archive}
     fresh()
-    slow_pages, slow_rate = run({**env, "DEMO_SITE_URL": slow_site_url, "ARCHIVE_URL": archive + "-slow"},
-                                "crawl", "demo")
+    slow_pages, slow_rate = run(
+        {**env, "DEMO_SITE_URL": slow_site_url, "ARCHIVE_URL": archive + "-slow"}, "crawl", "demo"
+    )
     fresh()
     pages, live_rate = run({**env, "DEMO_SITE_URL": site_url}, "crawl", "demo")
     replayed, replay_rate = run(env, "reprocess", "demo")
-    return {"pages": pages, "replayed": replayed, "live_pages_per_s": live_rate,
-            "live_100ms_pages_per_s": slow_rate, "reprocess_pages_per_s": replay_rate}
+    return {
+        "pages": pages,
+        "replayed": replayed,
+        "live_pages_per_s": live_rate,
+        "live_100ms_pages_per_s": slow_rate,
+        "reprocess_pages_per_s": replay_rate,
+    }

@@ -17,8 +17,12 @@ def machine() -> dict[str, Any]:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "load_average_at_start": list(os.getloadavg())}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "load_average_at_start": list(os.getloadavg()),
+    }
 
 
 class Results:
@@ -41,13 +45,17 @@ class Results:
             for figure in before.get("figures", []):
                 self.earlier.append({**figure, "measured": figure.get("measured", before.get("started"))})
             # The machine and load of each earlier run whose figures are kept.
-            self.earlier_runs = {**before.get("earlier_runs", {}),
-                                 before.get("started"): {k: v for k, v in before.items()
-                                                         if k not in ("figures", "earlier_runs", "started")}}
+            self.earlier_runs = {
+                **before.get("earlier_runs", {}),
+                before.get("started"): {
+                    k: v for k, v in before.items() if k not in ("figures", "earlier_runs", "started")
+                },
+            }
 
     def add(self, comparison: str, name: str, value: float, unit: str, **detail: Any) -> float:
-        self.figures.append({"comparison": comparison, "name": name, "value": round(float(value), 4),
-                             "unit": unit, **detail})
+        self.figures.append(
+            {"comparison": comparison, "name": name, "value": round(float(value), 4), "unit": unit, **detail}
+        )
         self.save()
         return value
 

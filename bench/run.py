@@ -44,17 +44,17 @@ import compileall
 import hashlib
 import io
 import json
-import signal
-import urllib.request
 import os
 import re
 import resource
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -63,16 +63,15 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 import psycopg2  # noqa: E402
 import redis  # noqa: E402
+from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
+from results import Results  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
 from scraper.queue import keys  # noqa: E402
 from scraper.storage.upsert import Row, TableUpserter  # noqa: E402
-from procs import PostgresWatch, cpu_seconds, private_redis, redis_pid, rss_bytes  # noqa: E402
-from results import Results  # noqa: E402
 
 # The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
 os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
@@ -83,22 +82,41 @@ os.environ.setdefault("SCHEDULER_SECRET", "bench-fleet-secret-0123456789")
 BENCH_DB = os.environ.get("BENCH_DATABASE") or "scraper_bench"
 
 PLAIN = [
-    "-s", "SCHEDULER=scrapy.core.scheduler.Scheduler",
-    "-s", "DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter",
-    "-s", "ITEM_PIPELINES={}",
-    "-s", "ADDONS={}",
-    "-s", "EXTENSIONS={}",
-    "-s", "SPIDER_MIDDLEWARES={}",
-    "-s", "DOWNLOAD_HANDLERS={}",
-    "-s", "STATS_CLASS=scrapy.statscollectors.MemoryStatsCollector",
+    "-s",
+    "SCHEDULER=scrapy.core.scheduler.Scheduler",
+    "-s",
+    "DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter",
+    "-s",
+    "ITEM_PIPELINES={}",
+    "-s",
+    "ADDONS={}",
+    "-s",
+    "EXTENSIONS={}",
+    "-s",
+    "SPIDER_MIDDLEWARES={}",
+    "-s",
+    "DOWNLOAD_HANDLERS={}",
+    "-s",
+    "STATS_CLASS=scrapy.statscollectors.MemoryStatsCollector",
 ]
 
 
 def start_site(products: int, delay_ms: int = 0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scraper.demo_site", "--port", "0", "--products", str(products),
-         "--delay-ms", str(delay_ms)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "scraper.demo_site",
+            "--port",
+            "0",
+            "--products",
+            str(products),
+            "--delay-ms",
+            str(delay_ms),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     line = proc.stdout.readline()
     match = re.search(r"(http://\S+/)", line)
@@ -118,7 +136,9 @@ def start_standin(key: str, delay_ms: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "scraper.scraping_api.standin", "--port", str(port), "--delay-ms", str(delay_ms)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         env={**os.environ, "SCRAPING_API_STANDIN_KEY": key},  # never on the command line: ps shows it
     )
     url = f"http://127.0.0.1:{port}"
@@ -144,8 +164,16 @@ def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str,
     key = "bench-key-overhead"
     api, api_url = start_standin(key, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DEMO_SITE_URL": url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": dsn,
+            "SCHEDULER_IDLE_TIMEOUT": "0",
+            "METRICS_ENABLED": "false",
+        }
         out = {}
         for name, extra in (("direct", {}), ("api", {"SCRAPING_API_KEY": key, "SCRAPING_API_URL": api_url})):
             redis.Redis.from_url(redis_url).flushdb()
@@ -158,8 +186,14 @@ def api_overhead(products: int, redis_url: str, dsn: str) -> dict[str, dict[str,
             proc.wait()
 
 
-def crawl(env: dict[str, str], extra: list[str], dsn: str | None = None, redis_server: Any = None,
-          rss_every: float = 0.0, site_url: str | None = None) -> dict[str, Any]:
+def crawl(
+    env: dict[str, str],
+    extra: list[str],
+    dsn: str | None = None,
+    redis_server: Any = None,
+    rss_every: float = 0.0,
+    site_url: str | None = None,
+) -> dict[str, Any]:
     """One crawl as its own process: pages, pages/s, CPU per page of the crawler alone and of
     the crawler plus the Redis server and the Postgres backends it used (from /proc), peak RSS;
     with *rss_every*, the crawler's RSS every that many seconds with the pages fetched by then."""
@@ -171,7 +205,11 @@ def crawl(env: dict[str, str], extra: list[str], dsn: str | None = None, redis_s
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "scrapy", "crawl", "demo", "-s", "LOG_LEVEL=INFO", *extra],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
         )
         peak = 0
         next_sample = started + rss_every
@@ -231,17 +269,28 @@ def site_counts(url: str) -> dict[str, int]:
         return json.load(answer)["requests"]
 
 
-def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
-               extra_env: dict[str, str] | None = None) -> dict[str, float]:
+def redelivery(
+    redis_url: str, dsn: str, lease: float, products: int = 300, extra_env: dict[str, str] | None = None
+) -> dict[str, float]:
     """Kill a lone worker mid-crawl, start another; time the return of the dead one's requests
     and count the pages fetched more than once by the end of the crawl (the redelivery waste)."""
     server = redis.Redis.from_url(redis_url)
     server.flushdb()
     drop_tables(dsn)
     site, url = start_site(products, 100)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-           "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "SCHEDULER_LEASE_TIMEOUT": str(lease),
-           "CONCURRENT_REQUESTS": "8", "METRICS_ENABLED": "false", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DEMO_SITE_URL": url,
+        "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": dsn,
+        "SCHEDULER_IDLE_TIMEOUT": "3",
+        "SCHEDULER_LEASE_TIMEOUT": str(lease),
+        "CONCURRENT_REQUESTS": "8",
+        "METRICS_ENABLED": "false",
+        **(extra_env or {}),
+    }
     command = [sys.executable, "-m", "scrapy", "crawl", "demo"]
     victim = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     successor = None
@@ -252,8 +301,10 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
         killed = time.monotonic()
         victim.wait()
         lease_keys = keys.lease_keys("demo")
-        held = {lease_id: json.loads(value.split(b"|", 1)[1])["url"]
-                for lease_id, value in server.hgetall(lease_keys["leased"]).items()}
+        held = {
+            lease_id: json.loads(value.split(b"|", 1)[1])["url"]
+            for lease_id, value in server.hgetall(lease_keys["leased"]).items()
+        }
         # A redelivered request is leased again under the same id, with a new deadline.
         deadlines = {lease_id: server.zscore(lease_keys["deadlines"], lease_id) for lease_id in held}
         fetched = site_counts(url)
@@ -280,20 +331,27 @@ def redelivery(redis_url: str, dsn: str, lease: float, products: int = 300,
     redundant = sum(c - 1 for path, c in final.items() if c > 1 and path != "/robots.txt")
     # A product page is /c/<category>/p/<id>.html as listings link it, or its canonical /p/<id>.html.
     products_redundant = sum(c - 1 for path, c in final.items() if c > 1 and "/p/" in path)
-    return {"held": float(len(held)), "requeued_s": requeued, "refetched_s": refetched, "lease": lease,
-            "redundant": float(redundant), "redundant_products": float(products_redundant),
-            "held_fetched": float(sum(1 for p in paths if fetched.get(p, 0) > 0))}
+    return {
+        "held": float(len(held)),
+        "requeued_s": requeued,
+        "refetched_s": refetched,
+        "lease": lease,
+        "redundant": float(redundant),
+        "redundant_products": float(products_redundant),
+        "held_fetched": float(sum(1 for p in paths if fetched.get(p, 0) > 0)),
+    }
 
 
 def redis_memory(redis_url: str, count: int = 10_000) -> dict[str, float]:
     """Redis bytes per queued request and per leased one: *count* demo requests queued through
     the scheduler's own staging (claim and queue, one script each), then all leased."""
     import scrapy
+    from dupefilter_memory import used_memory
+
     from scraper.queue.dupefilter import SeenSet, SharedDupeFilter
     from scraper.queue.leases import Leases
     from scraper.queue.queues import PriorityQueue
     from scraper.spiders.demo import DemoSpider
-    from dupefilter_memory import used_memory
 
     server = redis.Redis.from_url(redis_url)
     server.flushdb()
@@ -315,8 +373,11 @@ def redis_memory(redis_url: str, count: int = 10_000) -> dict[str, float]:
         pass
     leased, _ = used_memory(server)
     server.flushdb()
-    return {"queued_bytes": (seen_only - base) / count, "leased_bytes": (leased - seen_bytes - base) / count,
-            "seen_bytes": seen_bytes / count}
+    return {
+        "queued_bytes": (seen_only - base) / count,
+        "leased_bytes": (leased - seen_bytes - base) / count,
+        "seen_bytes": seen_bytes / count,
+    }
 
 
 def with_redis_db(url: str, db: int) -> str:
@@ -353,12 +414,27 @@ def copy_line(values: list[Any]) -> str:
 
 
 def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
-    columns = {"source": "text", "sku": "text", "title": "text", "price": "numeric(14,2)", "currency": "text",
-               "url": "text", "brand": "text", "description": "text"}
+    columns = {
+        "source": "text",
+        "sku": "text",
+        "title": "text",
+        "price": "numeric(14,2)",
+        "currency": "text",
+        "url": "text",
+        "brand": "text",
+        "description": "text",
+    }
     data = [
-        {"source": "bench", "sku": f"SKU-{i:08d}", "title": f"Product {i}", "price": Decimal(i % 5000) / 7,
-         "currency": "EUR", "url": f"http://shop.example/p/{i}", "brand": f"Brand {i % 97}",
-         "description": "A fine product, " * 4}
+        {
+            "source": "bench",
+            "sku": f"SKU-{i:08d}",
+            "title": f"Product {i}",
+            "price": Decimal(i % 5000) / 7,
+            "currency": "EUR",
+            "url": f"http://shop.example/p/{i}",
+            "brand": f"Brand {i % 97}",
+            "description": "A fine product, " * 4,
+        }
         for i in range(rows)
     ]
     for d in data:
@@ -369,9 +445,11 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
         cur.execute("DROP TABLE IF EXISTS bench_copy, bench_reference, bench_upsert")
         cur.execute(f"CREATE TABLE bench_copy ({cols_sql}, PRIMARY KEY (source, sku))")
         cur.execute(f"CREATE TABLE bench_reference ({cols_sql}, PRIMARY KEY (source, sku))")
-        cur.execute(f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
-                    " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
-                    " updated_at timestamptz NOT NULL DEFAULT now(), gone_at timestamptz, PRIMARY KEY (source, sku))")
+        cur.execute(
+            f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
+            " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
+            " updated_at timestamptz NOT NULL DEFAULT now(), gone_at timestamptz, PRIMARY KEY (source, sku))"
+        )
     names = ", ".join(columns)
 
     def text() -> io.StringIO:
@@ -389,8 +467,10 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
         cur.execute("CREATE TEMP TABLE bench_stage (LIKE bench_reference) ON COMMIT DROP")
         cur.copy_expert(f"COPY bench_stage ({names}) FROM STDIN", text())
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in ("source", "sku"))
-        cur.execute(f"INSERT INTO bench_reference ({names}) SELECT {names} FROM bench_stage"
-                    f" ON CONFLICT (source, sku) DO UPDATE SET {updates}")
+        cur.execute(
+            f"INSERT INTO bench_reference ({names}) SELECT {names} FROM bench_stage"
+            f" ON CONFLICT (source, sku) DO UPDATE SET {updates}"
+        )
     reference_rate = rows / (time.monotonic() - started)
 
     upserter = TableUpserter("bench_upsert", list(columns), ("source", "sku"), last_seen_resolution=3600)
@@ -406,12 +486,22 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
     new_rate = run()
     unchanged_rate = run()
     conn.close()
-    return {"copy": copy_rate, "reference": reference_rate, "upsert_new": new_rate,
-            "upsert_unchanged": unchanged_rate}
+    return {"copy": copy_rate, "reference": reference_rate, "upsert_new": new_rate, "upsert_unchanged": unchanged_rate}
 
 
-PARTS = ("api-overhead", "p1", "redelivery", "p3", "p5", "upsert", "dupefilter", "cluster", "decoupled", "reprocess",
-         "politeness")
+PARTS = (
+    "api-overhead",
+    "p1",
+    "redelivery",
+    "p3",
+    "p5",
+    "upsert",
+    "dupefilter",
+    "cluster",
+    "decoupled",
+    "reprocess",
+    "politeness",
+)
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
 
@@ -420,8 +510,15 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
     for delay in args.latency:
         site, url = start_site(args.products, delay)
         try:
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-                   "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "DEMO_SITE_URL": url,
+                "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+                "REDIS_URL": redis_url,
+                "DATABASE_URL": dsn,
+                "SCHEDULER_IDLE_TIMEOUT": "0",
+            }
             where = f"{url} ({args.products} products, {delay} ms per page)"
             runs = []
             variants = {
@@ -445,12 +542,16 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
             site.wait()
         ratios: list[tuple[float, float, float]] = []
         for attempt, (plain, unleased, full) in enumerate(runs, 1):
-            print(f"{'':24}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawler ms':>11}{'Redis ms':>9}{'PG ms':>7}"
-                  f"{'all ms':>8}{'RSS MB':>8}   (CPU per page)")
+            print(
+                f"{'':24}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawler ms':>11}{'Redis ms':>9}{'PG ms':>7}"
+                f"{'all ms':>8}{'RSS MB':>8}   (CPU per page)"
+            )
             for name, r in (("plain Scrapy", plain), ("pipeline, no leases", unleased), ("whole pipeline", full)):
-                print(f"{name:24}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['cpu_ms_per_page']:>11.2f}"
-                      f"{r['redis_ms_per_page']:>9.2f}{r['postgres_ms_per_page']:>7.2f}{r['all_cpu_ms_per_page']:>8.2f}"
-                      f"{r['peak_rss_mb']:>8.0f}")
+                print(
+                    f"{name:24}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['cpu_ms_per_page']:>11.2f}"
+                    f"{r['redis_ms_per_page']:>9.2f}{r['postgres_ms_per_page']:>7.2f}{r['all_cpu_ms_per_page']:>8.2f}"
+                    f"{r['peak_rss_mb']:>8.0f}"
+                )
             cmp = f"P1 at {delay} ms per page"
             tag = {"run": attempt}
             for name, r in (("plain", plain), ("no_leases", unleased), ("pipeline", full)):
@@ -459,15 +560,29 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
                 res.add(cmp, f"{name} crawler+Redis+Postgres CPU per page", r["all_cpu_ms_per_page"], "ms", **tag)
                 res.add(cmp, f"{name} peak RSS", r["peak_rss_mb"], "MB", **tag)
             speed = res.add(cmp, "pipeline / plain pages/s", full["pages_per_s"] / plain["pages_per_s"], "x", **tag)
-            cpu = res.add(cmp, "pipeline / plain crawler CPU per page",
-                          full["cpu_ms_per_page"] / plain["cpu_ms_per_page"], "x", **tag)
-            cpu_all = res.add(cmp, "pipeline / plain CPU per page, crawler+Redis+Postgres",
-                              full["all_cpu_ms_per_page"] / plain["all_cpu_ms_per_page"], "x", **tag)
-            lease_speed = res.add(cmp, "leases / no leases pages/s", full["pages_per_s"] / unleased["pages_per_s"],
-                                  "x", **tag)
-            print(f"ratio whole pipeline / plain Scrapy at {delay} ms per page: {speed:.2f}x pages/s (goal >= 0.9), "
-                  f"{cpu:.2f}x crawler CPU per page, {cpu_all:.2f}x with Redis and Postgres (goal <= 1.1); "
-                  f"leases / no leases {lease_speed:.2f}x pages/s", flush=True)
+            cpu = res.add(
+                cmp,
+                "pipeline / plain crawler CPU per page",
+                full["cpu_ms_per_page"] / plain["cpu_ms_per_page"],
+                "x",
+                **tag,
+            )
+            cpu_all = res.add(
+                cmp,
+                "pipeline / plain CPU per page, crawler+Redis+Postgres",
+                full["all_cpu_ms_per_page"] / plain["all_cpu_ms_per_page"],
+                "x",
+                **tag,
+            )
+            lease_speed = res.add(
+                cmp, "leases / no leases pages/s", full["pages_per_s"] / unleased["pages_per_s"], "x", **tag
+            )
+            print(
+                f"ratio whole pipeline / plain Scrapy at {delay} ms per page: {speed:.2f}x pages/s (goal >= 0.9), "
+                f"{cpu:.2f}x crawler CPU per page, {cpu_all:.2f}x with Redis and Postgres (goal <= 1.1); "
+                f"leases / no leases {lease_speed:.2f}x pages/s",
+                flush=True,
+            )
             ratios.append((speed, cpu, cpu_all))
         if len(ratios) > 1:
             # This machine's speed drifts by 10-20 % within minutes: each run's ratio compares
@@ -476,19 +591,27 @@ def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
             res.add(cmp, "median pipeline / plain pages/s", speed, "x", runs=len(ratios))
             res.add(cmp, "median pipeline / plain crawler CPU per page", cpu, "x", runs=len(ratios))
             res.add(cmp, "median pipeline / plain CPU per page, crawler+Redis+Postgres", cpu_all, "x", runs=len(ratios))
-            print(f"median of {len(ratios)} runs at {delay} ms per page: {speed:.2f}x pages/s (goal >= 0.9), "
-                  f"{cpu:.2f}x crawler CPU per page, {cpu_all:.2f}x with Redis and Postgres (goal <= 1.1)", flush=True)
+            print(
+                f"median of {len(ratios)} runs at {delay} ms per page: {speed:.2f}x pages/s (goal >= 0.9), "
+                f"{cpu:.2f}x crawler CPU per page, {cpu_all:.2f}x with Redis and Postgres (goal <= 1.1)",
+                flush=True,
+            )
 
 
 def redelivery_part(res: Results, redis_url: str, dsn: str) -> None:
-    for label, extra in (("lease cap (default, 2 x CONCURRENT_REQUESTS)", {}),
-                         ("no lease cap (SCHEDULER_MAX_LEASES=0)", {"SCHEDULER_MAX_LEASES": "0"})):
+    for label, extra in (
+        ("lease cap (default, 2 x CONCURRENT_REQUESTS)", {}),
+        ("no lease cap (SCHEDULER_MAX_LEASES=0)", {"SCHEDULER_MAX_LEASES": "0"}),
+    ):
         print(f"\nkilling a worker (CONCURRENT_REQUESTS=8, 300 products, 100 ms per page), {label} ...", flush=True)
         red = redelivery(redis_url, dsn, lease=10.0, extra_env=extra)
-        print(f"leases the killed worker held: {red['held']:.0f} ({red['held_fetched']:.0f} already fetched); "
-              f"first back in the queue after {red['requeued_s']:.1f} s, all fetched again after "
-              f"{red['refetched_s']:.1f} s (lease timeout {red['lease']:.0f} s); pages fetched twice by the end: "
-              f"{red['redundant']:.0f} ({red['redundant_products']:.0f} product pages; goal <= 16)", flush=True)
+        print(
+            f"leases the killed worker held: {red['held']:.0f} ({red['held_fetched']:.0f} already fetched); "
+            f"first back in the queue after {red['requeued_s']:.1f} s, all fetched again after "
+            f"{red['refetched_s']:.1f} s (lease timeout {red['lease']:.0f} s); pages fetched twice by the end: "
+            f"{red['redundant']:.0f} ({red['redundant_products']:.0f} product pages; goal <= 16)",
+            flush=True,
+        )
         cmp = "redelivery per killed worker"
         res.add(cmp, "leases held at the kill", red["held"], "requests", variant=label)
         res.add(cmp, "redundant fetches", red["redundant"], "pages", variant=label)
@@ -504,25 +627,39 @@ def p3(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
         site, url = start_site(args.scale_products, 0 if route == "api" else delay)
         pages = site_pages(url)
         api = None
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "3", "CONCURRENT_REQUESTS": str(args.scale_concurrency),
-               "METRICS_ENABLED": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DEMO_SITE_URL": url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": dsn,
+            "SCHEDULER_IDLE_TIMEOUT": "3",
+            "CONCURRENT_REQUESTS": str(args.scale_concurrency),
+            "METRICS_ENABLED": "false",
+        }
         if route == "api":
             api, api_url = start_standin("bench-key", delay)
             env.update({"SCRAPING_API_KEY": "bench-key", "SCRAPING_API_URL": api_url})
         others = [redis_pid(server)] + ([api.pid] if api else [])
         try:
-            print(f"\nscale-out {route}: {args.scale_products} products ({pages} pages), {delay} ms per page, "
-                  f"CONCURRENT_REQUESTS={args.scale_concurrency} per worker ...", flush=True)
+            print(
+                f"\nscale-out {route}: {args.scale_products} products ({pages} pages), {delay} ms per page, "
+                f"CONCURRENT_REQUESTS={args.scale_concurrency} per worker ...",
+                flush=True,
+            )
             one = None
             for workers in args.scale_workers:
                 drop_tables(dsn)
                 r = scale(workers, env, site, url, pages, redis_url, others)
                 one = one or r["pages_per_s"]
                 ideal = workers * args.scale_concurrency * 1000 / delay
-                print(f"  {workers} worker(s): {r['pages_per_s']:7.1f} pages/s ({r['pages_per_s'] / one:.2f}x one; "
-                      f"ideal {ideal:.0f}), CPU {r['cpu_cores_used']:.2f} of {r['cpus']} cores "
-                      f"over {r['window_s']:.1f} s", flush=True)
+                print(
+                    f"  {workers} worker(s): {r['pages_per_s']:7.1f} pages/s ({r['pages_per_s'] / one:.2f}x one; "
+                    f"ideal {ideal:.0f}), CPU {r['cpu_cores_used']:.2f} of {r['cpus']} cores "
+                    f"over {r['window_s']:.1f} s",
+                    flush=True,
+                )
                 cmp = f"P3 scale-out {route}"
                 res.add(cmp, f"{workers} workers pages/s", r["pages_per_s"], "pages/s")
                 res.add(cmp, f"{workers} workers / one", r["pages_per_s"] / one, "x")
@@ -537,19 +674,30 @@ def p3(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
 def p5(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
     print("\nRedis memory per queued and per leased request (10,000 demo requests) ...", flush=True)
     mem = redis_memory(redis_url)
-    print(f"queued: {mem['queued_bytes']:.0f} bytes per request (+{mem['seen_bytes']:.0f} in the seen-set); "
-          f"leased: {mem['leased_bytes']:.0f} bytes per request", flush=True)
+    print(
+        f"queued: {mem['queued_bytes']:.0f} bytes per request (+{mem['seen_bytes']:.0f} in the seen-set); "
+        f"leased: {mem['leased_bytes']:.0f} bytes per request",
+        flush=True,
+    )
     res.add("P5 memory", "Redis per queued request", mem["queued_bytes"], "bytes")
     res.add("P5 memory", "Redis per seen URL (set)", mem["seen_bytes"], "bytes")
     res.add("P5 memory", "Redis per leased request", mem["leased_bytes"], "bytes")
-    print(f"\ncrawling {args.p5_products} products (pages served instantly), the crawler's RSS every 10 s ...",
-          flush=True)
+    print(
+        f"\ncrawling {args.p5_products} products (pages served instantly), the crawler's RSS every 10 s ...", flush=True
+    )
     server.flushdb()
     drop_tables(dsn)
     site, url = start_site(args.p5_products, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DEMO_SITE_URL": url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": dsn,
+            "SCHEDULER_IDLE_TIMEOUT": "0",
+        }
         r = crawl(env, [], dsn, server, rss_every=10.0, site_url=url)
     finally:
         site.terminate()
@@ -560,13 +708,21 @@ def p5(args: Any, res: Results, redis_url: str, dsn: str, server: Any) -> None:
     after = [(p, rss) for _, p, rss in samples if p >= 10_000]
     base = after[0][1] if after else None
     growth = (max(rss for _, rss in after) - base) / base if base else float("nan")
-    print(f"{r['pages']:.0f} pages at {r['pages_per_s']:.0f} pages/s; RSS growth after the first 10k pages: "
-          f"{100 * growth:+.1f} % (goal <= 10 %)", flush=True)
+    print(
+        f"{r['pages']:.0f} pages at {r['pages_per_s']:.0f} pages/s; RSS growth after the first 10k pages: "
+        f"{100 * growth:+.1f} % (goal <= 10 %)",
+        flush=True,
+    )
     res.add("P5 memory", "pages crawled", r["pages"], "pages")
     res.add("P5 memory", "RSS at 10k pages", (base or 0) / 2**20, "MB")
     res.add("P5 memory", "peak RSS", r["peak_rss_mb"], "MB")
-    res.add("P5 memory", "RSS growth after the first 10k pages", 100 * growth, "%",
-            samples=[[round(t), int(p), round(rss / 2**20, 1)] for t, p, rss in samples])
+    res.add(
+        "P5 memory",
+        "RSS growth after the first 10k pages",
+        100 * growth,
+        "%",
+        samples=[[round(t), int(p), round(rss / 2**20, 1)] for t, p, rss in samples],
+    )
 
 
 def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
@@ -574,8 +730,16 @@ def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
 
     site, url = start_site(args.decoupled_products, 0)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEMO_SITE_URL": url, "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "REDIS_URL": redis_url,
-               "DATABASE_URL": dsn, "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DEMO_SITE_URL": url,
+            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": dsn,
+            "SCHEDULER_IDLE_TIMEOUT": "0",
+            "METRICS_ENABLED": "false",
+        }
         print(f"\ndecoupled vs in-process: {args.decoupled_products} products, pages served instantly ...", flush=True)
         print(f"{'':40}{'pages':>7}{'items':>7}{'pages/s':>9}{'crawl CPU s':>12}{'all CPU s':>10}{'pages/CPU s':>12}")
         one = None
@@ -585,8 +749,11 @@ def decoupled_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
             r = decoupled.run({**env, **extra}, commands, dsn, server, done_when)
             one = one or r
             per_cpu = r["pages"] / r["all_cpu_s"]
-            print(f"{name:40}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['crawl_cpu_s']:>12.1f}"
-                  f"{r['all_cpu_s']:>10.1f}{per_cpu:>12.1f}", flush=True)
+            print(
+                f"{name:40}{r['pages']:>7.0f}{r['items']:>7.0f}{r['pages_per_s']:>9.1f}{r['crawl_cpu_s']:>12.1f}"
+                f"{r['all_cpu_s']:>10.1f}{per_cpu:>12.1f}",
+                flush=True,
+            )
             cmp = "decoupled vs in-process"
             res.add(cmp, f"{name} pages/s", r["pages_per_s"], "pages/s", pages=r["pages"], items=r["items"])
             res.add(cmp, f"{name} CPU seconds, crawl processes", r["crawl_cpu_s"], "s")
@@ -604,8 +771,14 @@ def reprocess_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
     site, url = start_site(args.decoupled_products, 0)
     slow, slow_url = start_site(args.decoupled_products, 100)
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn,
-               "SCHEDULER_IDLE_TIMEOUT": "0", "METRICS_ENABLED": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": dsn,
+            "SCHEDULER_IDLE_TIMEOUT": "0",
+            "METRICS_ENABLED": "false",
+        }
         print(f"\nreprocess vs the live crawl: {args.decoupled_products} products, archive on ...", flush=True)
 
         def fresh() -> None:
@@ -618,8 +791,11 @@ def reprocess_part(args: Any, res: Results, redis_url: str, server: Any, dsn: st
             proc.terminate()
             proc.wait()
     cmp = "reprocess vs live crawl"
-    for name, key in (("live crawl, pages served instantly", "live_pages_per_s"),
-                      ("live crawl, 100 ms per page", "live_100ms_pages_per_s"), ("reprocess", "reprocess_pages_per_s")):
+    for name, key in (
+        ("live crawl, pages served instantly", "live_pages_per_s"),
+        ("live crawl, 100 ms per page", "live_100ms_pages_per_s"),
+        ("reprocess", "reprocess_pages_per_s"),
+    ):
         print(f"{name:40}{r[key]:>9.0f} pages/s", flush=True)
         res.add(cmp, f"{name} pages/s", r[key], "pages/s", pages=r["pages"])
     for name, key in (("pages served instantly", "live_pages_per_s"), ("100 ms per page", "live_100ms_pages_per_s")):
@@ -632,17 +808,25 @@ def politeness_part(args: Any, res: Results, redis_url: str, server: Any, dsn: s
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn}
     cmp = "adaptive politeness, hidden limit"
-    print(f"\ncrawling {args.politeness_products} products against a hidden limit of {args.politeness_limit:g} "
-          f"requests/s, nothing declared ...", flush=True)
-    print(f"{'workers':>8}{'pages':>7}{'stored':>8}{'requests':>10}{'429s':>7}{'429 %':>7}{'pages/s':>9}"
-          f"{'settled req/s':>15}", flush=True)
+    print(
+        f"\ncrawling {args.politeness_products} products against a hidden limit of {args.politeness_limit:g} "
+        f"requests/s, nothing declared ...",
+        flush=True,
+    )
+    print(
+        f"{'workers':>8}{'pages':>7}{'stored':>8}{'requests':>10}{'429s':>7}{'429 %':>7}{'pages/s':>9}"
+        f"{'settled req/s':>15}",
+        flush=True,
+    )
     for workers in args.politeness_workers:
         server.flushdb()
         drop_tables(dsn)
         r = politeness.measure(env, dsn, args.politeness_limit, args.politeness_products, workers)
-        print(f"{workers:>8}{r['pages']:>7}{r['stored']:>5}/{r['valid_products']:<3}{r['requests']:>9}"
-              f"{r['throttled']:>7}{100 * r['throttled_share']:>6.1f}%{r['pages_per_s']:>9.1f}{r['settled_rate']:>15.1f}",
-              flush=True)
+        print(
+            f"{workers:>8}{r['pages']:>7}{r['stored']:>5}/{r['valid_products']:<3}{r['requests']:>9}"
+            f"{r['throttled']:>7}{100 * r['throttled_share']:>6.1f}%{r['pages_per_s']:>9.1f}{r['settled_rate']:>15.1f}",
+            flush=True,
+        )
         res.add(cmp, f"{workers} workers: 429s / requests", r["throttled_share"], "x", **r)
         res.add(cmp, f"{workers} workers: settled rate / limit", r["settled_rate"] / args.politeness_limit, "x")
 
@@ -663,8 +847,13 @@ def main() -> None:
     parser.add_argument("--cluster-ops", type=int, default=20_000, help="requests each client claims and pops")
     parser.add_argument("--cluster-clients", type=int, default=3, help="client processes of the parallel run")
     parser.add_argument("--cluster-replicas", type=int, default=0, help="replicas per master of the local cluster")
-    parser.add_argument("--latency", type=int, nargs="+", default=[0, 100],
-                        help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site")
+    parser.add_argument(
+        "--latency",
+        type=int,
+        nargs="+",
+        default=[0, 100],
+        help="page latencies (ms) to crawl at: 0 is CPU-bound, 100 is like a real site",
+    )
     parser.add_argument("--decoupled-products", type=int, default=2000)
     parser.add_argument("--politeness-products", type=int, default=500)
     parser.add_argument("--politeness-limit", type=float, default=20.0, help="the site's hidden requests/s")
@@ -678,11 +867,16 @@ def main() -> None:
     compileall.compile_dir(str(ROOT / "scraper"), quiet=1)
 
     need_postgres = bool(set(args.only) - REDIS_ONLY)
-    found = backends.resolve(Settings({
-        "REDIS_URL": os.environ.get("REDIS_URL", ""),
-        "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
-        "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
-    }), need_postgres=need_postgres)
+    found = backends.resolve(
+        Settings(
+            {
+                "REDIS_URL": os.environ.get("REDIS_URL", ""),
+                "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+                "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
+            }
+        ),
+        need_postgres=need_postgres,
+    )
     # A Redis of the bench's own when this machine has redis-server: its CPU is then the
     # crawl's alone (a shared server also works for others meanwhile).
     own = private_redis()
@@ -691,10 +885,15 @@ def main() -> None:
     server.flushdb()
     dsn = recreate_database(found.database_url) if need_postgres else ""
     res = Results(args.results, keep_earlier=set(args.only) != set(PARTS))
-    res.run["backends"] = {"redis": "private redis-server" if own else ("embedded" if found.embedded_redis else "server"),
-                           "postgres": ("embedded" if found.embedded_postgres else "server") if need_postgres else "none"}
-    print(f"backends: Redis {res.run['backends']['redis']}, Postgres {res.run['backends']['postgres']}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    res.run["backends"] = {
+        "redis": "private redis-server" if own else ("embedded" if found.embedded_redis else "server"),
+        "postgres": ("embedded" if found.embedded_postgres else "server") if need_postgres else "none",
+    }
+    print(
+        f"backends: Redis {res.run['backends']['redis']}, Postgres {res.run['backends']['postgres']}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     try:
         run_parts(args, res, redis_url, server, dsn)
     finally:
@@ -708,15 +907,23 @@ def main() -> None:
 
 def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
     if "api-overhead" in args.only:
-        print(f"\ncrawling {args.api_products} products (0 ms per page) through the whole pipeline, directly "
-              f"and through the scraping-API stand-in (0 ms added) ...", flush=True)
+        print(
+            f"\ncrawling {args.api_products} products (0 ms per page) through the whole pipeline, directly "
+            f"and through the scraping-API stand-in (0 ms added) ...",
+            flush=True,
+        )
         over = api_overhead(args.api_products, redis_url, dsn)
         for name, r in over.items():
-            print(f"{name:8} {r['pages']:>6.0f} pages {r['pages_per_s']:>8.1f} pages/s {r['cpu_ms_per_page']:>7.2f} "
-                  f"CPU ms/page")
+            print(
+                f"{name:8} {r['pages']:>6.0f} pages {r['pages_per_s']:>8.1f} pages/s {r['cpu_ms_per_page']:>7.2f} "
+                f"CPU ms/page"
+            )
         extra = over["api"]["cpu_ms_per_page"] - over["direct"]["cpu_ms_per_page"]
-        print(f"the API path costs {extra:+.2f} CPU ms per page in the crawler "
-              f"({over['api']['cpu_ms_per_page'] / over['direct']['cpu_ms_per_page']:.2f}x)", flush=True)
+        print(
+            f"the API path costs {extra:+.2f} CPU ms per page in the crawler "
+            f"({over['api']['cpu_ms_per_page'] / over['direct']['cpu_ms_per_page']:.2f}x)",
+            flush=True,
+        )
         res.add("scraping-API path", "extra crawler CPU per page", extra, "ms")
     if "p1" in args.only:
         p1(args, res, redis_url, server, dsn)
@@ -732,11 +939,18 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
         print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
         up = upsert_bench(dsn, args.rows, args.batch)
         print(f"{'plain COPY (bulk-load limit)':40}{up['copy']:>10.0f} rows/s")
-        print(f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
-              f"({up['reference'] / up['copy']:.2f}x COPY)")
-        for label, name in (("ours, new rows", "upsert_new"), ("ours, same rows again (unchanged)", "upsert_unchanged")):
-            print(f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
-                  f"{up[name] / up['reference']:.2f}x the one-statement upsert)")
+        print(
+            f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
+            f"({up['reference'] / up['copy']:.2f}x COPY)"
+        )
+        for label, name in (
+            ("ours, new rows", "upsert_new"),
+            ("ours, same rows again (unchanged)", "upsert_unchanged"),
+        ):
+            print(
+                f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
+                f"{up[name] / up['reference']:.2f}x the one-statement upsert)"
+            )
             res.add("upsert", f"{label} / plain COPY", up[name] / up["copy"], "x", rows_per_s=round(up[name]))
     if "decoupled" in args.only:
         decoupled_part(args, res, redis_url, server, dsn)

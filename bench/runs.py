@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import redis  # noqa: E402
+from run import recreate_database, redelivery, with_redis_db  # noqa: E402
 from scrapy.settings import Settings  # noqa: E402
 
-from run import recreate_database, redelivery, with_redis_db  # noqa: E402
 from scraper import backends  # noqa: E402
 from scraper.queue import keys  # noqa: E402
-from scraper.queue.nodes import NodeRegistry  # noqa: E402
 from scraper.runs import record  # noqa: E402
+from scraper.runs.nodes import NodeRegistry  # noqa: E402
 from scraper.runs.state import RunState  # noqa: E402
 
 # The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
@@ -73,10 +73,15 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=10.0)
     parser.add_argument("--products", type=int, default=400)
     args = parser.parse_args()
-    found = backends.resolve(Settings({
-        "REDIS_URL": os.environ.get("REDIS_URL", ""), "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
-        "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
-    }))
+    found = backends.resolve(
+        Settings(
+            {
+                "REDIS_URL": os.environ.get("REDIS_URL", ""),
+                "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+                "DATA_DIR": tempfile.mkdtemp(prefix="scraper-bench-"),
+            }
+        )
+    )
     redis_url = with_redis_db(found.redis_url, 7)
     dsn = recreate_database(found.database_url)
 
@@ -89,8 +94,10 @@ def main() -> None:
     print(f"  total   {statistics.median(total):7.2f} / {sorted(total)[int(len(total) * 0.95) - 1]:7.2f}")
 
     result = redelivery(redis_url, dsn, args.lease, args.products)
-    print(f"\nredelivery after SIGKILL (lease {args.lease:g} s, {result['held']:.0f} requests held): first back in "
-          f"the queue after {result['requeued_s']:.1f} s, all fetched again after {result['refetched_s']:.1f} s")
+    print(
+        f"\nredelivery after SIGKILL (lease {args.lease:g} s, {result['held']:.0f} requests held): first back in "
+        f"the queue after {result['requeued_s']:.1f} s, all fetched again after {result['refetched_s']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

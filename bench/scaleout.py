@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
 from procs import cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,16 +30,31 @@ def _served(url: str) -> int:
         return int(json.load(answer)["total"])
 
 
-def scale(workers: int, env: dict[str, str], site: subprocess.Popen, site_url: str, pages: int,
-          redis_url: str, others: list[int]) -> dict[str, Any]:
+def scale(
+    workers: int,
+    env: dict[str, str],
+    site: subprocess.Popen,
+    site_url: str,
+    pages: int,
+    redis_url: str,
+    others: list[int],
+) -> dict[str, Any]:
     """One crawl of the shop by *workers* processes; *others*: pids whose CPU counts too."""
     server = redis.Redis.from_url(redis_url)
     server.flushdb()
     logs = [tempfile.TemporaryFile("w+") for _ in range(workers)]
-    cpu0 = {pid: cpu_seconds(pid) or 0.0 for pid in [site.pid, *others]}
     served0 = _served(site_url)
-    procs = [subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "demo"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=log, text=True) for log in logs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "scrapy", "crawl", "demo"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
+        for log in logs
+    ]
     window: tuple[float, int] | None = None
     end: tuple[float, int] | None = None
     worker_cpu: dict[int, float] = {}
@@ -72,7 +86,15 @@ def scale(workers: int, env: dict[str, str], site: subprocess.Popen, site_url: s
     if window is None or end is None or end[0] - window[0] < 1.0:
         raise SystemExit(f"{workers} workers: the shop was crawled before every worker had joined; use a larger shop")
     seconds = end[0] - window[0]
-    used = (sum(workers_end.values()) - sum(workers_window.get(pid, 0.0) for pid in workers_end)
-            + sum(cpu_end[pid] - cpu_window[pid] for pid in cpu_end))
-    return {"workers": workers, "pages_per_s": (end[1] - window[1]) / seconds, "window_s": seconds,
-            "cpu_cores_used": used / seconds, "cpus": os.cpu_count()}
+    used = (
+        sum(workers_end.values())
+        - sum(workers_window.get(pid, 0.0) for pid in workers_end)
+        + sum(cpu_end[pid] - cpu_window[pid] for pid in cpu_end)
+    )
+    return {
+        "workers": workers,
+        "pages_per_s": (end[1] - window[1]) / seconds,
+        "window_s": seconds,
+        "cpu_cores_used": used / seconds,
+        "cpus": os.cpu_count(),
+    }

@@ -16,11 +16,11 @@ from scrapy.settings import BaseSettings
 
 from . import backends, shared_state
 from .archive.config import read_config as read_archive_config
-from .conf import registry
-from .politeness.limits import read_policy
-from .middlewares.fetch_boundary import allowed_networks
-from .processing.config import read_config as read_processing_config
 from .cleaning.numbers import check_locale as clean_locale
+from .config import check_declared
+from .middlewares.fetch_boundary import allowed_networks
+from .politeness.limits import read_policy
+from .processing.config import read_config as read_processing_config
 from .quality.guard import check_mode as guard_mode
 from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
@@ -34,7 +34,7 @@ API_MIDDLEWARE = "scraper.scraping_api.middleware.ScrapingApiMiddleware"
 
 def validate(settings: BaseSettings) -> None:
     """Raise :class:`~scraper.config.ConfigError` for the first malformed setting."""
-    registry.check(settings)  # every declared number, switch and choice: type, bounds, choices
+    check_declared(settings)  # every declared number, switch and choice: type, bounds, choices
     seen_config(settings)  # DUPEFILTER_BACKEND, _EXPIRY, _BLOOM_*: choice, ranges, filter size
     shards_setting(settings)  # SCHEDULER_SHARDS: 1 to MAX_SHARDS
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
@@ -49,7 +49,7 @@ def validate(settings: BaseSettings) -> None:
 
 class BackendsAddon:
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "BackendsAddon":
+    def from_crawler(cls, crawler: Any) -> BackendsAddon:
         return cls()
 
     def update_settings(self, settings: BaseSettings) -> None:

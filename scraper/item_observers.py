@@ -13,7 +13,8 @@ observers still see the item or the response.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scrapy import signals
 

@@ -17,7 +17,9 @@ logger = logging.getLogger(__name__)
 
 
 class LogFormatter(logformatter.LogFormatter):
-    def dropped(self, item: Any, exception: BaseException, response: Any, spider: Any) -> logformatter.LogFormatterResult:
+    def dropped(
+        self, item: Any, exception: BaseException, response: Any, spider: Any
+    ) -> logformatter.LogFormatterResult:
         result = super().dropped(item, exception, response, spider)
         if result["level"] <= logging.DEBUG:
             return result

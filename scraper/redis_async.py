@@ -13,12 +13,13 @@ process' synchronous one (:func:`scraper.redis_client.get_redis`), ``redis+clust
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
 
-from .redis_client import cluster_url, client_options
+from .redis_client import client_options, cluster_url
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:

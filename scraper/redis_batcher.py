@@ -8,7 +8,8 @@ batch size grows with the load by itself.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet import defer
 

@@ -15,15 +15,23 @@ import atexit
 import os
 import socket
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis._parsers.base import BaseParser
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
-from redis._parsers.base import BaseParser
-from redis.exceptions import (ClusterDownError, MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError,
-                              SlotNotCoveredError, TryAgainError)
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 _clients: dict[str, Any] = {}
@@ -47,12 +55,20 @@ BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", MisconfError)
 #: failover, a failed snapshot): an outage like an unreachable Redis, never a reason to drop work.
 REFUSING_WRITES = (OutOfMemoryError, ReadOnlyError, MisconfError)
 
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, MasterDownError, TryAgainError,
-               SlotNotCoveredError) + REFUSING_WRITES
+UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    MasterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+) + REFUSING_WRITES
 
 #: What an operator reads when Redis refuses writes: the cause and the fix.
-REFUSING_WRITES_HINT = ("Redis refuses writes; the crawl waits (the queue needs maxmemory-policy noeviction "
-                        "and memory headroom, a writable master, and a disk with room for its snapshots)")
+REFUSING_WRITES_HINT = (
+    "Redis refuses writes; the crawl waits (the queue needs maxmemory-policy noeviction "
+    "and memory headroom, a writable master, and a disk with room for its snapshots)"
+)
 
 
 def count_refusal(stats: Any, exc: BaseException) -> None:
@@ -105,8 +121,9 @@ def get_redis(url: str) -> Any:
                 client = RedisCluster.from_url(plain, **options)
                 atexit.register(client.disconnect_connection_pools)
             else:
-                client = redis.Redis.from_url(url, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-                                              **options)
+                client = redis.Redis.from_url(
+                    url, retry_on_error=[redis.ConnectionError, redis.TimeoutError], **options
+                )
                 # Registered after an embedded server's own exit hook, so it runs first: the
                 # embedded server only stops once no client is connected.
                 atexit.register(client.connection_pool.disconnect)
@@ -136,8 +153,7 @@ class _Script(Script):
     take a ``NOSCRIPT`` answer back from inside a pipeline). The dedupe claims' batches took
     two round trips each for that."""
 
-    def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None,
-                 client: Any = None) -> Any:
+    def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None, client: Any = None) -> Any:
         from redis.client import Pipeline
         from redis.cluster import ClusterPipeline
 

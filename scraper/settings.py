@@ -61,7 +61,7 @@ TELNETCONSOLE_ENABLED = False
 REMOTE_CONTROL_ENABLED = False
 
 # --- shared queue (scrapy-redis) --------------------------------------------------------------
-SCHEDULER = "scraper.queue.scheduler.SharedScheduler"
+SCHEDULER = "scraper.node.scheduler.SharedScheduler"
 SCHEDULER_QUEUE_CLASS = "scraper.queue.queues.PriorityQueue"
 SCHEDULER_SERIALIZER = "scraper.queue.serializer"
 DUPEFILTER_CLASS = "scraper.queue.dupefilter.SharedDupeFilter"

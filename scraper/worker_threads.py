@@ -12,7 +12,8 @@ loop's next pass.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure

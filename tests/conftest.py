@@ -23,10 +23,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg2
 import pytest
 import redis
+from scrapy.settings import Settings
 
 from scraper import backends
 from scraper.demo_site import Catalog, DemoSite
-from scrapy.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_DBS = range(15, 7, -1)
@@ -147,9 +147,7 @@ def scrapy_cmd(*args: str) -> list[str]:
 
 def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run a scrapy command as a real process in the project folder."""
-    return subprocess.run(
-        scrapy_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(scrapy_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def assert_each_product_stored_or_rejected_once(query: Any, catalog: Catalog) -> None:
@@ -158,7 +156,11 @@ def assert_each_product_stored_or_rejected_once(query: Any, catalog: Catalog) ->
     rows = query("SELECT sku, count(*) FROM products GROUP BY sku")
     assert all(n == 1 for _, n in rows), [r for r in rows if r[1] != 1]
     assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
-    rejected = {int(m) for (url,) in query("SELECT DISTINCT url FROM rejects") for m in re.findall(r"/p/(\d+)\.html$", url or "")}
+    rejected = {
+        int(m)
+        for (url,) in query("SELECT DISTINCT url FROM rejects")
+        for m in re.findall(r"/p/(\d+)\.html$", url or "")
+    }
     assert rejected == {p.id for p in catalog.broken_products()}
 
 
@@ -178,8 +180,9 @@ def crawl(services: Services, site: DemoSite, spider: str = "demo", **extra: str
     return result
 
 
-def run_scrapy_many(env: dict[str, str], *commands: tuple[str, ...], timeout: float = 180,
-                    cwd: Path = ROOT) -> list[subprocess.CompletedProcess]:
+def run_scrapy_many(
+    env: dict[str, str], *commands: tuple[str, ...], timeout: float = 180, cwd: Path = ROOT
+) -> list[subprocess.CompletedProcess]:
     """Run independent scrapy commands as concurrent processes; results in the same order."""
     procs = [
         subprocess.Popen(scrapy_cmd(*args), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -6,7 +6,6 @@ Built from the ``redis-server`` binary (``--cluster-enabled yes``) and joined wi
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -16,7 +15,6 @@ import time
 from pathlib import Path
 
 import redis
-
 from tools import ensure_binary
 
 
@@ -59,15 +57,24 @@ class LocalCluster:
     def url(self) -> str:
         return f"redis+cluster://127.0.0.1:{self.live_ports()[0] if self.procs else self.ports[0]}"
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         for port in self.ports:
             self._start_node(port)
         for port in self.ports:
             self._wait_ping(port)
         subprocess.run(
-            [self.cli_bin, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            [
+                self.cli_bin,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.ports),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         self.wait_ok()
         return self
@@ -76,13 +83,36 @@ class LocalCluster:
         folder = self.dir / str(port)
         folder.mkdir(exist_ok=True)
         self.procs[port] = subprocess.Popen(
-            [self.server_bin, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout_ms),
-             "--appendonly", "no", "--save", "", "--dir", str(folder), "--daemonize", "no",
-             "--protected-mode", "no", "--logfile", str(folder / "redis.log"),
-             # A replica promoted before its first full sync would hold nothing: sync at once.
-             "--repl-diskless-sync-delay", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.server_bin,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
+                "--appendonly",
+                "no",
+                "--save",
+                "",
+                "--dir",
+                str(folder),
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--logfile",
+                str(folder / "redis.log"),
+                # A replica promoted before its first full sync would hold nothing: sync at once.
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def _wait_ping(self, port: int, timeout: float = 20) -> None:
@@ -105,9 +135,14 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if all(b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
-                       for p in self.live_ports()) and len(self.masters()) == self.count // (1 + self.replicas) \
-                        and all(self._synced(p) for p in self.live_ports()):
+                if (
+                    all(
+                        b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
+                        for p in self.live_ports()
+                    )
+                    and len(self.masters()) == self.count // (1 + self.replicas)
+                    and all(self._synced(p) for p in self.live_ports())
+                ):
                     return
             except redis.RedisError:
                 pass
@@ -135,7 +170,7 @@ class LocalCluster:
 
     def master_of(self, key: str) -> int:
         slot = self.node(self.live_ports()[0]).execute_command("CLUSTER", "KEYSLOT", key)
-        for start, end, (host, port, *_), *_ in self.node(self.live_ports()[0]).execute_command("CLUSTER", "SLOTS"):
+        for start, end, (_host, port, *_), *_ in self.node(self.live_ports()[0]).execute_command("CLUSTER", "SLOTS"):
             if start <= slot <= end:
                 return int(port)
         raise KeyError(key)

@@ -17,7 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from tools import ensure_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,59 +47,118 @@ ALERT_NAMES = {
 
 # What every crawl process exports, by type.
 COUNTERS = {
-    "scraper_requests_total", "scraper_responses_total", "scraper_errors_total",
-    "scraper_api_credits_total", "scraper_queue_enqueued_total", "scraper_queue_dequeued_total",
-    "scraper_items_scraped_total", "scraper_items_dropped_total", "scraper_items_rejected_total",
-    "scraper_items_stored_total", "scraper_storage_rows_written_total",
-    "scraper_storage_write_failures_total", "scraper_queue_redelivered_total", "scraper_dead_letters_total",
-    "scraper_politeness_wait_seconds_total", "scraper_redis_write_refusals_total",
-    "scraper_archive_not_archived_total", "scraper_quality_held_items_total", "scraper_politeness_throttled_total",
+    "scraper_requests_total",
+    "scraper_responses_total",
+    "scraper_errors_total",
+    "scraper_api_credits_total",
+    "scraper_queue_enqueued_total",
+    "scraper_queue_dequeued_total",
+    "scraper_items_scraped_total",
+    "scraper_items_dropped_total",
+    "scraper_items_rejected_total",
+    "scraper_items_stored_total",
+    "scraper_storage_rows_written_total",
+    "scraper_storage_write_failures_total",
+    "scraper_queue_redelivered_total",
+    "scraper_dead_letters_total",
+    "scraper_politeness_wait_seconds_total",
+    "scraper_redis_write_refusals_total",
+    "scraper_archive_not_archived_total",
+    "scraper_quality_held_items_total",
+    "scraper_politeness_throttled_total",
 }
 GAUGES = {
-    "scraper_api_budget_credits", "scraper_api_run_spent_credits", "scraper_queue_depth",
-    "scraper_queue_oldest_age_seconds", "scraper_processing_pending_responses",
+    "scraper_api_budget_credits",
+    "scraper_api_run_spent_credits",
+    "scraper_queue_depth",
+    "scraper_queue_oldest_age_seconds",
+    "scraper_processing_pending_responses",
     "scraper_processing_max_pending_responses",
-    "scraper_dupefilter_size", "scraper_storage_pending_rows", "scraper_storage_max_pending_rows",
+    "scraper_dupefilter_size",
+    "scraper_storage_pending_rows",
+    "scraper_storage_max_pending_rows",
     "scraper_spider_open",
     "scraper_last_response_timestamp_seconds",
-    "scraper_run_info", "scraper_run_started_timestamp_seconds", "scraper_run_nodes", "scraper_run_pages",
-    "scraper_run_items", "scraper_run_dead_letters", "scraper_run_api_credits", "scraper_run_redeliveries",
-    "scraper_run_throttled", "scraper_run_not_archived",
-    "scraper_field_coverage", "scraper_field_coverage_expected", "scraper_field_coverage_items",
-    "scraper_quality_baseline_items", "scraper_quality_last_run_degraded", "scraper_quality_last_run_failed_checks",
-    "scraper_quality_guard_broken", "scraper_politeness_rate",
+    "scraper_run_info",
+    "scraper_run_started_timestamp_seconds",
+    "scraper_run_nodes",
+    "scraper_run_pages",
+    "scraper_run_items",
+    "scraper_run_dead_letters",
+    "scraper_run_api_credits",
+    "scraper_run_redeliveries",
+    "scraper_run_throttled",
+    "scraper_run_not_archived",
+    "scraper_field_coverage",
+    "scraper_field_coverage_expected",
+    "scraper_field_coverage_items",
+    "scraper_quality_baseline_items",
+    "scraper_quality_last_run_degraded",
+    "scraper_quality_last_run_failed_checks",
+    "scraper_quality_guard_broken",
+    "scraper_politeness_rate",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}
 SUMMARIES = {"scraper_storage_flush_seconds"}
 # Series names a query can select: a histogram or summary only exists as its suffixed series.
 SERIES_NAMES = (
-    COUNTERS | GAUGES
+    COUNTERS
+    | GAUGES
     | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
     | {m + s for m in SUMMARIES for s in ("_sum", "_count")}
 )
-LABELS = {"spider", "status_class", "domain", "kind", "reason", "outcome", "le", "job", "instance", "run", "state",
-          "item_type", "field"}
+LABELS = {
+    "spider",
+    "status_class",
+    "domain",
+    "kind",
+    "reason",
+    "outcome",
+    "le",
+    "job",
+    "instance",
+    "run",
+    "state",
+    "item_type",
+    "field",
+}
 
 # The series each layer's row must show.
 LAYERS = {
     "Ingest": {
-        "scraper_requests_total", "scraper_responses_total", "scraper_download_latency_seconds_bucket",
-        "scraper_errors_total", "scraper_api_credits_total", "scraper_api_budget_credits",
+        "scraper_requests_total",
+        "scraper_responses_total",
+        "scraper_download_latency_seconds_bucket",
+        "scraper_errors_total",
+        "scraper_api_credits_total",
+        "scraper_api_budget_credits",
     },
     "Queue": {
-        "scraper_queue_depth", "scraper_queue_oldest_age_seconds", "scraper_queue_enqueued_total",
-        "scraper_queue_dequeued_total", "scraper_dupefilter_size",
+        "scraper_queue_depth",
+        "scraper_queue_oldest_age_seconds",
+        "scraper_queue_enqueued_total",
+        "scraper_queue_dequeued_total",
+        "scraper_dupefilter_size",
     },
     "Workers": {
-        "scraper_items_scraped_total", "scraper_items_stored_total", "scraper_items_rejected_total",
-        "scraper_items_dropped_total", "scraper_pipeline_seconds_bucket",
+        "scraper_items_scraped_total",
+        "scraper_items_stored_total",
+        "scraper_items_rejected_total",
+        "scraper_items_dropped_total",
+        "scraper_pipeline_seconds_bucket",
     },
     "Runs": {"scraper_run_info", "scraper_run_nodes", "scraper_run_pages", "scraper_run_items"},
-    "Data quality": {"scraper_field_coverage", "scraper_field_coverage_expected", "scraper_quality_baseline_items",
-                     "scraper_quality_last_run_degraded"},
+    "Data quality": {
+        "scraper_field_coverage",
+        "scraper_field_coverage_expected",
+        "scraper_quality_baseline_items",
+        "scraper_quality_last_run_degraded",
+    },
     "Storage": {
-        "scraper_storage_rows_written_total", "scraper_storage_flush_seconds_sum",
-        "scraper_storage_flush_seconds_count", "scraper_storage_write_failures_total",
+        "scraper_storage_rows_written_total",
+        "scraper_storage_flush_seconds_sum",
+        "scraper_storage_flush_seconds_count",
+        "scraper_storage_write_failures_total",
         "scraper_storage_pending_rows",
     },
 }
@@ -136,8 +194,20 @@ _TOKEN = re.compile(
 _MATCHER = re.compile(r"""([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')""")
 _KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "atan2"}
 _LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
-_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
-                 "bottomk", "topk", "quantile"}
+_AGGREGATIONS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+}
 
 
 def parse_promql(expr: str) -> tuple[list[tuple[str, str]], set[str]]:
@@ -179,8 +249,12 @@ def parse_promql(expr: str) -> tuple[list[tuple[str, str]], set[str]]:
 
 def grafana_to_promql(expr: str) -> str:
     """Grafana's variables, replaced by what Grafana sends for them."""
-    return (expr.replace("$__rate_interval", "1m").replace("$__interval", "15s")
-            .replace("$__range", "1h").replace("$spider", ".*"))
+    return (
+        expr.replace("$__rate_interval", "1m")
+        .replace("$__interval", "15s")
+        .replace("$__range", "1h")
+        .replace("$spider", ".*")
+    )
 
 
 def test_parse_promql_finds_metrics_not_functions_labels_or_durations():
@@ -196,6 +270,7 @@ def test_parse_promql_finds_metrics_not_functions_labels_or_durations():
 
 
 # --- Alert rules -----------------------------------------------------------------------------
+
 
 def alert_blocks() -> dict[str, str]:
     """The text of each alerting rule in alerts.yml, by alert name."""
@@ -251,18 +326,31 @@ def test_alert_unit_tests_use_only_exported_metrics():
         # a threshold off by ten: the error-rate alert no longer fires on 10 %
         (("> 0.05", "> 0.5"), "ScraperHighErrorRate"),
         # no division-by-zero guard: a spider sending no requests gets an error rate of +Inf
-        (("(sum by (spider) (rate(scraper_requests_total[5m])) > 0)",
-          "sum by (spider) (rate(scraper_requests_total[5m]))"), "ScraperHighErrorRate"),
+        (
+            (
+                "(sum by (spider) (rate(scraper_requests_total[5m])) > 0)",
+                "sum by (spider) (rate(scraper_requests_total[5m]))",
+            ),
+            "ScraperHighErrorRate",
+        ),
         # the "== 0" form misses a crawl whose responses series is absent
-        (("unless on (spider)\n          (sum by (spider) (increase(scraper_responses_total[10m])) > 0)",
-          "and on (spider)\n          (sum by (spider) (increase(scraper_responses_total[10m])) == 0)"),
-         "ScraperCrawlStalled"),
+        (
+            (
+                "unless on (spider)\n          (sum by (spider) (increase(scraper_responses_total[10m])) > 0)",
+                "and on (spider)\n          (sum by (spider) (increase(scraper_responses_total[10m])) == 0)",
+            ),
+            "ScraperCrawlStalled",
+        ),
         # without the "open 10 minutes ago" guard a crawl that just started is reported stalled
-        (("(max by (spider) (scraper_spider_open offset 10m) > 0)", "(max by (spider) (scraper_spider_open) > 0)"),
-         "ScraperCrawlStalled"),
+        (
+            ("(max by (spider) (scraper_spider_open offset 10m) > 0)", "(max by (spider) (scraper_spider_open) > 0)"),
+            "ScraperCrawlStalled",
+        ),
         # a budget of 0 means no budget
-        (("/ (max by (spider) (scraper_api_budget_credits) > 0)", "/ max by (spider) (scraper_api_budget_credits)"),
-         "ScraperApiBudgetNearlySpent"),
+        (
+            ("/ (max by (spider) (scraper_api_budget_credits) > 0)", "/ max by (spider) (scraper_api_budget_credits)"),
+            "ScraperApiBudgetNearlySpent",
+        ),
     ],
 )
 def test_unit_tests_catch_a_broken_rule(promtool, tmp_path, change, fails):
@@ -274,19 +362,25 @@ def test_unit_tests_catch_a_broken_rule(promtool, tmp_path, change, fails):
     assert run(promtool, "check", "rules", tmp_path / "alerts.yml").returncode == 0
     result = run(promtool, "test", "rules", tmp_path / "alerts_test.yml")
     assert result.returncode != 0, output(result)
-    assert "FAILED" in result.stdout + result.stderr and f"alertname: {fails}" in result.stdout + result.stderr, output(result)
+    assert "FAILED" in result.stdout + result.stderr and f"alertname: {fails}" in result.stdout + result.stderr, output(
+        result
+    )
 
 
 def test_a_rule_file_with_bad_promql_is_rejected(promtool, tmp_path):
     bad = tmp_path / "alerts.yml"
-    bad.write_text(ALERTS.read_text().replace("max by (spider) (scraper_queue_depth) > 100000",
-                                              "max by (spider) (scraper_queue_depth > 100000", 1))
+    bad.write_text(
+        ALERTS.read_text().replace(
+            "max by (spider) (scraper_queue_depth) > 100000", "max by (spider) (scraper_queue_depth > 100000", 1
+        )
+    )
     result = run(promtool, "check", "rules", bad)
     assert result.returncode != 0, output(result)
     assert "FAILED" in result.stdout + result.stderr, output(result)
 
 
 # --- Prometheus configuration ----------------------------------------------------------------
+
 
 def local_config(tmp_path: Path) -> Path:
     """prometheus.yml with its paths pointing into tmp_path: the rule file next to it (as in
@@ -318,8 +412,9 @@ def test_prometheus_config_discovers_the_crawl_processes_target_files(promtool, 
     # what the exporter writes: <host>-<pid>-<port>.json, written aside as .tmp then renamed
     for pid, port in ((100, 9410), (200, 9411)):
         (tmp_path / "targets" / f"worker-1-{pid}-{port}.json").write_text(
-            json.dumps([{"targets": [f"10.0.0.7:{port}"], "labels": {"node": f"worker-1:{pid}"}}]))
-    (tmp_path / "targets" / "worker-1-300-9412.tmp").write_text("[{\"targets\": [")
+            json.dumps([{"targets": [f"10.0.0.7:{port}"], "labels": {"node": f"worker-1:{pid}"}}])
+        )
+    (tmp_path / "targets" / "worker-1-300-9412.tmp").write_text('[{"targets": [')
     result = run(promtool, "check", "service-discovery", "--timeout=3s", config, "scraper")
     assert result.returncode == 0, output(result)
     targets = json.loads(result.stdout)
@@ -347,6 +442,7 @@ def test_prometheus_config_keeps_the_compose_alternative():
 
 
 # --- Grafana ---------------------------------------------------------------------------------
+
 
 def dashboard() -> dict:
     return json.loads(DASHBOARD.read_text())
@@ -407,8 +503,9 @@ def test_dashboard_has_panels_for_every_layer():
     rows = panels_by_row(dashboard())
     for layer, wanted in LAYERS.items():
         assert rows.get(layer), f"no panel in the {layer} row"
-        used = {name for panel in rows[layer] for target in panel["targets"]
-                for name, _ in parse_promql(target["expr"])[0]}
+        used = {
+            name for panel in rows[layer] for target in panel["targets"] for name, _ in parse_promql(target["expr"])[0]
+        }
         assert wanted <= used, f"{layer} row does not show {sorted(wanted - used)}"
 
 
@@ -426,9 +523,17 @@ def test_dashboard_queries_use_only_exported_metrics_and_the_spider_variable():
 
 def test_dashboard_queries_are_valid_promql(promtool, tmp_path):
     exprs = panel_exprs(dashboard())
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query_{i}", "expr": grafana_to_promql(expr)} for i, (_, expr) in enumerate(exprs)
-    ]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": grafana_to_promql(expr)}
+                    for i, (_, expr) in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard_queries.yml"
     path.write_text(json.dumps(rules, indent=2))  # JSON is YAML
     result = run(promtool, "check", "rules", path)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-
 from conftest import ROOT, crawl, crawl_env, run_scrapy
+
 from scraper.scraping_api.standin import StandIn
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -38,12 +38,19 @@ def s3_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     _S3_SERVERS[endpoint] = proc
-    client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items()
-                                                            if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        **{k.lower(): v for k, v in S3_ENV.items() if k != "AWS_DEFAULT_REGION"},
+        region_name="us-east-1",
+    )
     for _ in range(100):
         try:
             client.create_bucket(Bucket="archive")
@@ -60,8 +67,9 @@ def index_view(clean) -> tuple[list[tuple], list[tuple]]:
     # Which of two identical bodies comes first (the response; the other is a revisit) depends
     # on download order: compare the pages, and that each body is stored once.
     pages = clean.query("SELECT url, target_url, status, via, digest FROM archive_index ORDER BY 1, 5")
-    bodies = clean.query("SELECT digest, count(*) FILTER (WHERE record_type = 'response') FROM archive_index"
-                         " GROUP BY 1 ORDER BY 1")
+    bodies = clean.query(
+        "SELECT digest, count(*) FILTER (WHERE record_type = 'response') FROM archive_index GROUP BY 1 ORDER BY 1"
+    )
     return pages, bodies
 
 
@@ -89,14 +97,17 @@ def test_reprocess_with_a_changed_cleaner_changes_only_affected_rows(clean, site
     source = text.read_text()
     anchor = "    if raw is None or isinstance(raw, bool):\n        return None\n"
     assert anchor in source
-    text.write_text(source.replace(anchor, anchor + '    if isinstance(raw, str):\n        raw = raw.replace("Kettle", "Tea Kettle")\n'))
+    text.write_text(
+        source.replace(
+            anchor, anchor + '    if isinstance(raw, str):\n        raw = raw.replace("Kettle", "Tea Kettle")\n'
+        )
+    )
     env = crawl_env(clean, ARCHIVE_URL=archive, PYTHONPATH=str(project))
     result = reprocess(env, "--since", "2000-01-01", cwd=project)
     assert f"reprocess: {pages}/{pages} pages" in result.stderr
     assert site.stats()["total"] == served  # not one request reached the site
 
-    affected = {p.sku for p in site.catalog.valid_products()
-                if "Kettle" in f"{p.title} {p.description} {p.brand}"}
+    affected = {p.sku for p in site.catalog.valid_products() if "Kettle" in f"{p.title} {p.description} {p.brand}"}
     assert affected
     changes = clean.query("SELECT key, changes FROM item_changes WHERE reason = 'reprocess'")
     assert {key[1] for key, _ in changes} == affected
@@ -122,7 +133,9 @@ def test_s3_archive_equals_folder_archive_and_prune_keeps_30_days(clean, site, t
     assert index_view(clean) == folder_index
     s3_replay = reprocess(crawl_env(clean, **s3))
     summary = [line for line in s3_replay.stderr.splitlines() if line.startswith("reprocess: ") and "items" in line]
-    expected = [line for line in folder_replay.stderr.splitlines() if line.startswith("reprocess: ") and "items" in line]
+    expected = [
+        line for line in folder_replay.stderr.splitlines() if line.startswith("reprocess: ") and "items" in line
+    ]
     assert summary[0].split(", in ")[0] == expected[0].split(", in ")[0]
     assert "0 new, 0 updated" in summary[0]
 
@@ -164,7 +177,8 @@ def test_no_key_cookie_or_authorization_reaches_the_archive(clean, site, tmp_pat
     # The archive's location is this test's folder, whose name holds "cookie": checked apart.
     dump = clean.query("SELECT string_agg((to_jsonb(a) - 'archive')::text, '') FROM archive_index a")[0][0]
     assert {row[0] for row in clean.query("SELECT DISTINCT archive FROM archive_index")} == {
-        f"file://{socket.gethostname()}{archive}"}
+        f"file://{socket.gethostname()}{archive}"
+    }
     assert key not in dump and "cookie" not in dump.lower() and "authorization" not in dump.lower()
 
 
@@ -181,8 +195,13 @@ def test_reprocess_follow_queues_only_links_the_crawl_has_not_seen(clean, site, 
     the shared queue. --follow queues none of those again (the crawl's seen-set has them), and,
     once that run is dropped, queues every link no page of the archive answers."""
     archive = str(tmp_path / "warc")
-    stopped = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=archive, CONCURRENT_REQUESTS="1"),
-                         "crawl", "demo", "-s", "CLOSESPIDER_PAGECOUNT=6")
+    stopped = run_scrapy(
+        crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=archive, CONCURRENT_REQUESTS="1"),
+        "crawl",
+        "demo",
+        "-s",
+        "CLOSESPIDER_PAGECOUNT=6",
+    )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     server = clean.redis()
     waiting = server.zcard("{demo}:requests")
@@ -215,7 +234,9 @@ def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewher
         return {str(p.relative_to(folder)) for p in folder.rglob("*.warc.gz")}
 
     for folder in (first, second):
-        rows = clean.query("SELECT file, payload_file FROM archive_index WHERE file = ANY(%s)", (sorted(names(folder)),))
+        rows = clean.query(
+            "SELECT file, payload_file FROM archive_index WHERE file = ANY(%s)", (sorted(names(folder)),)
+        )
         assert len(rows) >= pages and {payload for _, payload in rows} <= names(folder)
 
     env = lambda folder: crawl_env(clean, ARCHIVE_URL=str(folder))  # noqa: E731
@@ -244,8 +265,10 @@ def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewher
 def test_reprocess_replays_every_good_record_of_a_damaged_file_and_names_the_bad_ones(clean, site, tmp_path) -> None:
     folder = tmp_path / "archive"
     crawl(clean, site, ARCHIVE_URL=str(folder), ARCHIVE_FILE_SIZE="100000000")
-    rows = clean.query("SELECT file, record_offset, record_length, target_url FROM archive_index "
-                       "WHERE record_type = 'response' ORDER BY file, record_offset")
+    rows = clean.query(
+        "SELECT file, record_offset, record_length, target_url FROM archive_index "
+        "WHERE record_type = 'response' ORDER BY file, record_offset"
+    )
     pages = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
     # Two records in the middle of a file overwritten, as a bad sector or a torn copy would.
     by_file: dict[str, list] = {}
@@ -263,7 +286,9 @@ def test_reprocess_replays_every_good_record_of_a_damaged_file_and_names_the_bad
     assert result.returncode == 1 and "Traceback" not in log, log[-3000:]
     assert f"reprocess: {pages - 2}/{pages} pages" in log, log[-3000:]
     for _, offset, length, url in bad:
-        assert f"skipped {url}: its record at {name} bytes {offset}-{offset + length} cannot be read" in log, log[-3000:]
+        assert f"skipped {url}: its record at {name} bytes {offset}-{offset + length} cannot be read" in log, log[
+            -3000:
+        ]
     assert "reprocess: 2 archived page(s) could not be read and were not replayed" in log
 
 
@@ -281,8 +306,9 @@ def small_disk(tmp_path):
 
 def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(clean, site, small_disk) -> None:
     started = time.monotonic()
-    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk)), "crawl", "demo",
-                        timeout=60)
+    result = run_scrapy(
+        crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk)), "crawl", "demo", timeout=60
+    )
     assert time.monotonic() - started < 60
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -290,13 +316,15 @@ def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(cle
     assert "No space left on device" in result.stderr
     assert "flush of closed file" not in result.stderr
     from conftest import assert_each_product_stored_or_rejected_once
+
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)  # the crawl itself lost nothing
     not_archived = int(result.stderr.split("'archive/not_archived': ")[1].split(",")[0].split("}")[0])
     archived = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
     assert not_archived > 0 and archived >= 0  # a fast crawl may fill the disk before the first index write
     # The index names only whole records on disk: each one reads back as a complete gzip member.
-    for name, offset, length in clean.query("SELECT file, record_offset, record_length FROM archive_index"
-                                            " WHERE record_type = 'response'"):
+    for name, offset, length in clean.query(
+        "SELECT file, record_offset, record_length FROM archive_index WHERE record_type = 'response'"
+    ):
         path = small_disk / name
         assert offset + length <= path.stat().st_size, (name, offset, length)
         with open(path, "rb") as f:
@@ -304,17 +332,21 @@ def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(cle
             assert gzip.decompress(f.read(length)).startswith(b"WARC/")
 
 
-def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_archive(clean, site,
-                                                                                       small_disk, tmp_path) -> None:
-    env = crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk), ARCHIVE_REQUIRED="true",
-                    SCHEDULER_LEASE_TIMEOUT="3")
+def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_archive(
+    clean, site, small_disk, tmp_path
+) -> None:
+    env = crawl_env(
+        clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(small_disk), ARCHIVE_REQUIRED="true", SCHEDULER_LEASE_TIMEOUT="3"
+    )
     started = time.monotonic()
     stopped = run_scrapy(env, "crawl", "demo", timeout=60)
     assert time.monotonic() - started < 60
     log = stopped.stderr
     assert stopped.returncode == 5, log[-3000:]  # stopped, not finished
     assert "Traceback" not in log, log[-3000:]
-    assert "Spider closed (archive_failed)" in log and log.count("ARCHIVE_REQUIRED: the archive failed") == 1, log[-3000:]
+    assert "Spider closed (archive_failed)" in log and log.count("ARCHIVE_REQUIRED: the archive failed") == 1, log[
+        -3000:
+    ]
     assert "'scheduler/abandoned': " in log, log[-3000:]
     fetched = clean.query("SELECT count(*) FROM products")[0][0]
     assert fetched < len(site.catalog.valid_products()), fetched  # it stopped early
@@ -322,10 +354,17 @@ def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_ar
     # The disk replaced by a good one: the next run resumes, the pages that were not archived
     # come back (their leases ran out), and every page the spider saw is in the archive.
     roomy = tmp_path / "archive"
-    again = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(roomy), ARCHIVE_REQUIRED="true",
-                                 SCHEDULER_LEASE_TIMEOUT="3"), "crawl", "demo", timeout=120)
+    again = run_scrapy(
+        crawl_env(
+            clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(roomy), ARCHIVE_REQUIRED="true", SCHEDULER_LEASE_TIMEOUT="3"
+        ),
+        "crawl",
+        "demo",
+        timeout=120,
+    )
     assert again.returncode == 0 and "Spider closed (finished)" in again.stderr, again.stderr[-3000:]
     from conftest import assert_each_product_stored_or_rejected_once
+
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
     product_pages = {f"{site.origin}{path}" for path in site.catalog.pages() if "/p/" in path}
     assert len(product_pages) > 100
@@ -333,8 +372,9 @@ def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_ar
     missing = product_pages - archived
     assert not missing, sorted(missing)[:5]
     # Each archived record is whole on disk, on whichever disk it went to.
-    for name, offset, length, where in clean.query("SELECT file, record_offset, record_length, archive "
-                                                   "FROM archive_index WHERE record_type = 'response'"):
+    for name, offset, length, where in clean.query(
+        "SELECT file, record_offset, record_length, archive FROM archive_index WHERE record_type = 'response'"
+    ):
         path = (roomy if where.endswith(str(roomy)) else small_disk) / name
         with open(path, "rb") as f:
             f.seek(offset)
@@ -353,14 +393,15 @@ def read_only_folder(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_read_only_archive_folder_stops_archiving_loudly_and_the_crawl_goes_on(clean, site,
-                                                                                 read_only_folder) -> None:
-    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(read_only_folder)), "crawl", "demo",
-                        timeout=60)
+def test_a_read_only_archive_folder_stops_archiving_loudly_and_the_crawl_goes_on(clean, site, read_only_folder) -> None:
+    result = run_scrapy(
+        crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL=str(read_only_folder)), "crawl", "demo", timeout=60
+    )
     log = result.stderr
     assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
     assert log.count("Archive stopped:") == 1 and "Read-only file system" in log, log[-3000:]
     from conftest import assert_each_product_stored_or_rejected_once
+
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
     pages = int(re.search(r"'response_received_count': (\d+)", log).group(1))
     robots = int(re.search(r"'robotstxt/response_count': (\d+)", log).group(1))
@@ -375,8 +416,16 @@ def test_a_bucket_that_stops_answering_stops_archiving_loudly_and_never_hangs(cl
     from scraper.demo_site import Catalog, DemoSite
 
     with DemoSite(Catalog(products=150), delay_ms=30) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, ARCHIVE_URL="s3://archive/warc", ARCHIVE_S3_ENDPOINT=endpoint,
-                        DATA_DIR=str(tmp_path / "data"), ARCHIVE_FILE_SIZE="1024", CONCURRENT_REQUESTS="2", **S3_ENV)
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            ARCHIVE_URL="s3://archive/warc",
+            ARCHIVE_S3_ENDPOINT=endpoint,
+            DATA_DIR=str(tmp_path / "data"),
+            ARCHIVE_FILE_SIZE="1024",
+            CONCURRENT_REQUESTS="2",
+            **S3_ENV,
+        )
         from test_metrics import start_crawl, wait_for
 
         started = time.monotonic()
@@ -390,4 +439,5 @@ def test_a_bucket_that_stops_answering_stops_archiving_loudly_and_never_hangs(cl
         assert int(re.search(r"'archive/not_archived': (\d+)", log).group(1)) > 0, log[-3000:]
         assert took < 150, took
         from conftest import assert_each_product_stored_or_rejected_once
+
         assert_each_product_stored_or_rejected_once(clean.query, site.catalog)

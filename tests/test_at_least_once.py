@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import time
 from pathlib import Path
 
 import psycopg2
-
 from conftest import assert_each_product_stored_or_rejected_once, crawl, crawl_env, project_with_spider, run_scrapy
+from test_metrics import start_crawl, stat, wait_for
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import signing
-from test_metrics import start_crawl, stat, wait_for
 
 
 def test_a_killed_workers_requests_are_redelivered(clean) -> None:
     catalog = Catalog(products=120)
     with DemoSite(catalog, delay_ms=100) as site:
         # A short lease, so that the killed worker's requests come back within seconds.
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="6", CONCURRENT_REQUESTS_PER_DOMAIN="3",
-                        SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="6",
+            CONCURRENT_REQUESTS_PER_DOMAIN="3",
+            SCHEDULER_LEASE_TIMEOUT="3",
+            SCHEDULER_IDLE_TIMEOUT="5",
+        )
         workers = [start_crawl(env) for _ in range(3)]
         wait_for(lambda: site.stats()["total"] > 50, timeout=60)
         victim = workers[0]
@@ -85,8 +90,15 @@ def test_a_worker_killed_inside_a_callback(clean, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     catalog = Catalog(products=40)
     with DemoSite(catalog) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project), CALLBACK_MARKS=str(marks),
-                        CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            PYTHONPATH=str(project),
+            CALLBACK_MARKS=str(marks),
+            CONCURRENT_REQUESTS="4",
+            SCHEDULER_LEASE_TIMEOUT="3",
+            SCHEDULER_IDLE_TIMEOUT="5",
+        )
         workers = [start_crawl(env, spider="slowcb", cwd=project) for _ in range(3)]
         victim = workers[0]
         victim_marks = Path(f"{marks}.{victim.proc.pid}")
@@ -114,21 +126,37 @@ def test_a_worker_killed_inside_a_callback(clean, tmp_path: Path) -> None:
 def test_a_worker_killed_while_writing_a_batch(clean) -> None:
     catalog = Catalog(products=80)
     with DemoSite(catalog, delay_ms=20) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="3",
-                        SCHEDULER_IDLE_TIMEOUT="5")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            SCHEDULER_LEASE_TIMEOUT="3",
+            SCHEDULER_IDLE_TIMEOUT="5",
+        )
         workers = [start_crawl(env) for _ in range(3)]
-        wait_for(lambda: clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]
-                 and clean.query("SELECT count(*) FROM products")[0][0] >= 5, timeout=60, step=0.05)
+        wait_for(
+            lambda: (
+                clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]
+                and clean.query("SELECT count(*) FROM products")[0][0] >= 5
+            ),
+            timeout=60,
+            step=0.05,
+        )
         # Hold the table: the next batch of each worker blocks inside its upsert, mid-transaction
         # (so does any query on it, this test's own included, until the rollback below).
         blocker = psycopg2.connect(clean.database_url)
         with blocker.cursor() as cur:
             cur.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
             # The victim itself is blocked inside its upsert (its connection is named after its pid).
-            waiting = wait_for(lambda: clean.query(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
-                f"'scraper:%:{workers[0].proc.pid}' AND wait_event_type = 'Lock' "
-                "AND datname = current_database()")[0][0], timeout=30, step=0.05)
+            waiting = wait_for(
+                lambda: clean.query(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                    f"'scraper:%:{workers[0].proc.pid}' AND wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )[0][0],
+                timeout=30,
+                step=0.05,
+            )
             workers[0].proc.send_signal(signal.SIGKILL)
         blocker.rollback()
         blocker.close()
@@ -138,7 +166,9 @@ def test_a_worker_killed_while_writing_a_batch(clean) -> None:
     assert waiting >= 1
     for log in survivor_logs:
         assert "Spider closed (finished)" in log, log[-3000:]
-    assert any("back in the queue" in log for log in survivor_logs)  # the victim's leases, its unwritten batch among them
+    assert any(
+        "back in the queue" in log for log in survivor_logs
+    )  # the victim's leases, its unwritten batch among them
     assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
     assert_every_outcome_once(clean, catalog)
 
@@ -146,8 +176,13 @@ def test_a_worker_killed_while_writing_a_batch(clean) -> None:
 def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None:
     catalog = Catalog(products=60)
     with DemoSite(catalog, delay_ms=30) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", SCHEDULER_LEASE_TIMEOUT="2",
-                        SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            SCHEDULER_LEASE_TIMEOUT="2",
+            SCHEDULER_IDLE_TIMEOUT="3",
+        )
         victim = start_crawl(env)
         redis = clean.redis()
 
@@ -163,8 +198,11 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
                 if found and len(catalog.product(int(found.group(1))).paths) == 1:
                     leased[found.group(1)] = "/" + url.split("/", 3)[3]
             rows = clean.query("SELECT url, sku, updated_at, first_seen FROM products")
-            return [(leased[m.group(1)], sku, updated, first) for url, sku, updated, first in rows
-                    if (m := re.search(r"/p/(\d+)\.html$", url)) and m.group(1) in leased]
+            return [
+                (leased[m.group(1)], sku, updated, first)
+                for url, sku, updated, first in rows
+                if (m := re.search(r"/p/(\d+)\.html$", url)) and m.group(1) in leased
+            ]
 
         # Seen from outside, a lease can be acknowledged between the look and the kill: the
         # victim is frozen first and looked at again, so what is caught is what it dies holding.
@@ -188,7 +226,9 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
     for path, sku, updated_at, first_seen in caught:
         assert counts[path] == 2, (path, counts[path])
         # The redelivered page's upsert was a no-op: the row is the one committed before the crash.
-        assert clean.query(f"SELECT updated_at, first_seen FROM products WHERE sku = '{sku}'") == [(updated_at, first_seen)]
+        assert clean.query(f"SELECT updated_at, first_seen FROM products WHERE sku = '{sku}'") == [
+            (updated_at, first_seen)
+        ]
     unchanged = re.search(r"'postgres/unchanged': (\d+)", second.stderr)
     assert unchanged and int(unchanged.group(1)) >= len(caught)
     assert_every_outcome_once(clean, catalog)
@@ -196,8 +236,14 @@ def test_a_crash_after_commit_before_ack_is_a_harmless_redelivery(clean) -> None
 
 def test_the_writer_commits_a_quarter_of_the_lease_cap_at_a_time_and_the_tail_at_once(clean, site, catalog) -> None:
     # No timer flush within this crawl: every batch is one the scheduler asked for.
-    result = crawl(clean, site, CONCURRENT_REQUESTS="8", CONCURRENT_REQUESTS_PER_DOMAIN="8",
-                   SCHEDULER_MAX_LEASES="16", POSTGRES_FLUSH_INTERVAL="60")
+    result = crawl(
+        clean,
+        site,
+        CONCURRENT_REQUESTS="8",
+        CONCURRENT_REQUESTS_PER_DOMAIN="8",
+        SCHEDULER_MAX_LEASES="16",
+        POSTGRES_FLUSH_INTERVAL="60",
+    )
     log = result.stderr
     assert stat(log, "scheduler/lease_cap_waits") > 0
     batches, rows = stat(log, "postgres/batches"), stat(log, "postgres/rows_written")

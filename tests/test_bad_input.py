@@ -14,11 +14,15 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from conftest import crawl_env, run_scrapy
 
-PRODUCT = {"@context": "https://schema.org", "@type": "Product", "name": "Good Kettle", "sku": "GOOD-1",
-           "offers": {"@type": "Offer", "price": "19.90", "priceCurrency": "EUR"}}
+PRODUCT = {
+    "@context": "https://schema.org",
+    "@type": "Product",
+    "name": "Good Kettle",
+    "sku": "GOOD-1",
+    "offers": {"@type": "Offer", "price": "19.90", "priceCurrency": "EUR"},
+}
 MISLABELED = {**PRODUCT, "name": "Café Kettle", "sku": "LATIN-1"}
 
 
@@ -32,19 +36,32 @@ def jsonld(data: dict) -> str:
 
 rng = random.Random(7)
 PAGES: dict[str, tuple[str, dict[str, str], bytes]] = {
-    "/": ("200", {"Content-Type": "text/html; charset=utf-8"}, page(
-        "".join(f'<a href="{p}">x</a>' for p in
-                ["/product", "/garbage", "/binary", "/empty", "/mislabeled", "/bomb", "/unclosed", "/500"]))),
+    "/": (
+        "200",
+        {"Content-Type": "text/html; charset=utf-8"},
+        page(
+            "".join(
+                f'<a href="{p}">x</a>'
+                for p in ["/product", "/garbage", "/binary", "/empty", "/mislabeled", "/bomb", "/unclosed", "/500"]
+            )
+        ),
+    ),
     "/product": ("200", {"Content-Type": "text/html; charset=utf-8"}, page(jsonld(PRODUCT))),
     "/garbage": ("200", {"Content-Type": "text/html"}, bytes(rng.getrandbits(8) for _ in range(20000))),
     "/binary": ("200", {"Content-Type": "image/png"}, b"\x89PNG\r\n\x1a\n" + bytes(2000)),
     "/empty": ("200", {"Content-Type": "text/html"}, b""),
     # Declares UTF-8, is Latin-1: decoding must not crash, the product must still be stored.
-    "/mislabeled": ("200", {"Content-Type": "text/html; charset=utf-8"},
-                    page(jsonld(MISLABELED)).decode("utf-8").encode("latin-1")),
+    "/mislabeled": (
+        "200",
+        {"Content-Type": "text/html; charset=utf-8"},
+        page(jsonld(MISLABELED)).decode("utf-8").encode("latin-1"),
+    ),
     # 64 MiB of zeros in about 64 KiB of gzip.
-    "/bomb": ("200", {"Content-Type": "text/html", "Content-Encoding": "gzip"},
-              gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9)),
+    "/bomb": (
+        "200",
+        {"Content-Type": "text/html", "Content-Encoding": "gzip"},
+        gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9),
+    ),
     "/unclosed": ("200", {"Content-Type": "text/html"}, b"<html><body><div><a href='/product'>" + b"<p>" * 5000),
     "/500": ("500", {"Content-Type": "text/html"}, b"oops"),
 }

@@ -12,20 +12,20 @@ import time
 import pytest
 import redis
 import scrapy
+from conftest import crawl, crawl_env, run_scrapy
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
+from test_config_errors import check_one_line_error
 
-from conftest import crawl, crawl_env, run_scrapy
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
+from scraper.node.scheduler import SharedScheduler
+from scraper.queue import signing
 from scraper.queue.bloom import MAX_BITS, BloomFilter, BloomSeen
 from scraper.queue.dupefilter import SharedDupeFilter, make_store, seen_config, seen_size
 from scraper.queue.generations import Generations
 from scraper.queue.leases import Leases
-from scraper.queue import signing
 from scraper.queue.queues import PriorityQueue
-from scraper.queue.scheduler import SharedScheduler
-from test_config_errors import check_one_line_error
 
 SPIDER = "bloom_test"
 
@@ -42,8 +42,14 @@ class QueryBlindFingerprinter:
 
 
 def settings_for(backend: str, **extra: str) -> Settings:
-    return Settings({"DUPEFILTER_BACKEND": backend, "DUPEFILTER_BLOOM_CAPACITY": "100000",
-                     "DUPEFILTER_BLOOM_ERROR_RATE": "0.001", **extra})
+    return Settings(
+        {
+            "DUPEFILTER_BACKEND": backend,
+            "DUPEFILTER_BLOOM_CAPACITY": "100000",
+            "DUPEFILTER_BLOOM_ERROR_RATE": "0.001",
+            **extra,
+        }
+    )
 
 
 class Node:
@@ -53,8 +59,12 @@ class Node:
         self.server = server
         self.queue = PriorityQueue(self.server, BloomSpider(), f"{{{SPIDER}}}:requests")
         crawler = get_crawler(BloomSpider, {"REQUEST_FINGERPRINTER_CLASS": "scrapy.utils.request.RequestFingerprinter"})
-        self.df = SharedDupeFilter(self.server, f"{{{SPIDER}}}:dupefilter", crawler.request_fingerprinter,
-                                   store=make_store(self.server, SPIDER, settings))
+        self.df = SharedDupeFilter(
+            self.server,
+            f"{{{SPIDER}}}:dupefilter",
+            crawler.request_fingerprinter,
+            store=make_store(self.server, SPIDER, settings),
+        )
 
     def offer(self, *urls: str) -> tuple[int, int]:
         """Enqueue as the scheduler does: local pre-check, staged, one pipelined flush."""
@@ -245,10 +255,16 @@ def test_fingerprints_expire_and_the_page_is_queued_again(connect, backend: str)
 # --- through the real scheduler and crawler -------------------------------------------------
 def test_custom_request_fingerprinter_is_honoured(clean, connect) -> None:
     def scheduler() -> SharedScheduler:
-        crawler = get_crawler(BloomSpider, {
-            "REQUEST_FINGERPRINTER_CLASS": QueryBlindFingerprinter, "REDIS_URL": clean.redis_url,
-            "DUPEFILTER_BACKEND": "bloom", "DUPEFILTER_BLOOM_CAPACITY": "1000", "SCHEDULER_LEASE_TIMEOUT": "0",
-        })
+        crawler = get_crawler(
+            BloomSpider,
+            {
+                "REQUEST_FINGERPRINTER_CLASS": QueryBlindFingerprinter,
+                "REDIS_URL": clean.redis_url,
+                "DUPEFILTER_BACKEND": "bloom",
+                "DUPEFILTER_BLOOM_CAPACITY": "1000",
+                "SCHEDULER_LEASE_TIMEOUT": "0",
+            },
+        )
         instance = SharedScheduler.from_crawler(crawler)
         instance.open(BloomSpider())
         return instance
@@ -297,8 +313,14 @@ def test_with_an_expiry_a_recrawl_skips_what_it_saw(clean, connect, site: DemoSi
     assert kept and all(k.startswith("{demo}:bloom:") for k in kept), kept
     assert all(0 < server.ttl(k) <= 3600 for k in kept)
     # `scrapy queue` estimates the filter's size (from a 1 MB sample of 18 MB: rough when small).
-    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, DUPEFILTER_BACKEND="bloom",
-                                  DUPEFILTER_EXPIRY="3600"), "queue", "demo", "--json", "--interval", "0.1")
+    result = run_scrapy(
+        crawl_env(clean, DEMO_SITE_URL=site.url, DUPEFILTER_BACKEND="bloom", DUPEFILTER_EXPIRY="3600"),
+        "queue",
+        "demo",
+        "--json",
+        "--interval",
+        "0.1",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     row = json.loads(result.stdout.strip().splitlines()[-1])
     assert row["seen"] == pytest.approx(len(catalog.pages()), rel=0.3)
@@ -309,10 +331,13 @@ def test_with_an_expiry_a_recrawl_skips_what_it_saw(clean, connect, site: DemoSi
 
 # --- configuration --------------------------------------------------------------------------
 def test_bad_dupefilter_settings_fail_at_start_with_one_line(clean) -> None:
-    line = check_one_line_error(run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bogus"), "crawl", "demo"),
-                                "DUPEFILTER_BACKEND")
+    line = check_one_line_error(
+        run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bogus"), "crawl", "demo"), "DUPEFILTER_BACKEND"
+    )
     assert "'bogus'" in line
-    check_one_line_error(run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_ERROR_RATE="2"),
-                                    "crawl", "demo"), "DUPEFILTER_BLOOM_ERROR_RATE")
+    check_one_line_error(
+        run_scrapy(crawl_env(clean, DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_ERROR_RATE="2"), "crawl", "demo"),
+        "DUPEFILTER_BLOOM_ERROR_RATE",
+    )
     for shards in ("0", "many", "5000"):
         check_one_line_error(run_scrapy(crawl_env(clean, SCHEDULER_SHARDS=shards), "crawl", "demo"), "SCHEDULER_SHARDS")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
 
 from scraper.cleaning import canonical_url, clean_text, parse_date, parse_price, read_price, url_domain
 
-UTC = timezone.utc
+UTC = UTC
 D = Decimal
 
 
@@ -111,9 +111,7 @@ PRICE_TABLE = [
 
 
 @pytest.mark.parametrize(("raw", "default", "amount", "currency"), PRICE_TABLE)
-def test_parse_price(
-    raw: object, default: str | None, amount: Decimal | None, currency: str | None
-) -> None:
+def test_parse_price(raw: object, default: str | None, amount: Decimal | None, currency: str | None) -> None:
     reading = read_price(raw, default)
     assert (reading.amount, reading.currency, reading.problem) == (amount, currency, None)
     assert parse_price(raw, default) == (amount, currency)
@@ -231,7 +229,7 @@ TEXT_TABLE = [
     ("<p>First</p><p>Second&nbsp;para</p>", "First Second para"),
     ("Line1<br>Line2<br/>Line3", "Line1 Line2 Line3"),
     ("<b>10</b>% off", "10% off"),
-    ("<span class=\"x\">Red</span> <!-- colour --> shoe", "Red shoe"),
+    ('<span class="x">Red</span> <!-- colour --> shoe', "Red shoe"),
     ("<script>var x = 1;</script>Visible", "Visible"),
     ("&lt;b&gt; is a tag", "<b> is a tag"),
     ("a < b and c > d", "a < b and c > d"),
@@ -336,9 +334,21 @@ def test_url_domain(url: str, expected: str) -> None:
 
 # The fast path for common English layouts must answer exactly as dateparser would.
 _FAST_PATH_INPUTS = [
-    "12 Nov 2026", "1 January 2027", "12 Sept 2026", "Nov 12, 2026", "November 12, 2026",
-    "Nov 12 2026", "Nov 12, 2026 3:45 PM", "Nov 12, 2026 12:05 am", "12 Nov 2026 23:59",
-    "12.11.2026", "11/12/2026", "1-2-2026", "31.12.2026", "Feb 29, 2024", "Dec 1st, 2026",
+    "12 Nov 2026",
+    "1 January 2027",
+    "12 Sept 2026",
+    "Nov 12, 2026",
+    "November 12, 2026",
+    "Nov 12 2026",
+    "Nov 12, 2026 3:45 PM",
+    "Nov 12, 2026 12:05 am",
+    "12 Nov 2026 23:59",
+    "12.11.2026",
+    "11/12/2026",
+    "1-2-2026",
+    "31.12.2026",
+    "Feb 29, 2024",
+    "Dec 1st, 2026",
 ]
 
 
@@ -346,7 +356,7 @@ _FAST_PATH_INPUTS = [
 @pytest.mark.parametrize("order", [None, "DMY", "MDY"])
 @pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
 def test_fast_path_agrees_with_dateparser(text: str, order: str | None, zone: str) -> None:
-    from scraper.cleaning.dates import _parse_common, _parse_text, _ABSOLUTE_PARSERS
+    from scraper.cleaning.dates import _ABSOLUTE_PARSERS, _parse_common, _parse_text
 
     slow = _parse_text(text, order, zone, ("en",), _ABSOLUTE_PARSERS)
     fast = _parse_common(text, order, zone)

@@ -40,8 +40,10 @@ def _prices() -> list[str]:
     found = [p.price_display for p in Catalog(products=1000).products if p.price_display]
     for _ in range(4000):
         before, after = rng.choice(MARKS), rng.choice(MARKS)
-        found.append(f"{before}{rng.choice(['', ' ']) if before else ''}{_numbers(rng)}"
-                     f"{rng.choice(['', ' ']) if after else ''}{after}")
+        found.append(
+            f"{before}{rng.choice(['', ' ']) if before else ''}{_numbers(rng)}"
+            f"{rng.choice(['', ' ']) if after else ''}{after}"
+        )
     return found
 
 
@@ -57,10 +59,28 @@ def test_prices_read_alike_with_and_without_the_fast_path(monkeypatch: pytest.Mo
 def test_urls_canonicalised_alike_with_and_without_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     hosts = ["a.b", "A.b", "127.0.0.1", "x-y.com", "xn--bcher-kva.de", "a.b.", "-a.com", "a..b", "www.ex.com"]
     ports = ["", ":80", ":443", ":8080", ":08080", ":65535", ":65536"]
-    paths = ["", "/", "/p/1.html", "/a/../b", "/./x", "/.well-known", "//x", "/x//y", "/a b", "/%41",
-             "/~u/_x-y.z", "/a/.", "/a/..", "/é", "/a?b", "/a#b", "/A/B"]
-    cases = [f"{s}://{h}{p}{path}" for s in ("http", "https", "HTTP", "ftp") for h in hosts for p in ports
-             for path in paths]
+    paths = [
+        "",
+        "/",
+        "/p/1.html",
+        "/a/../b",
+        "/./x",
+        "/.well-known",
+        "//x",
+        "/x//y",
+        "/a b",
+        "/%41",
+        "/~u/_x-y.z",
+        "/a/.",
+        "/a/..",
+        "/é",
+        "/a?b",
+        "/a#b",
+        "/A/B",
+    ]
+    cases = [
+        f"{s}://{h}{p}{path}" for s in ("http", "https", "HTTP", "ftp") for h in hosts for p in ports for path in paths
+    ]
     fast = [urls_module.canonical_url(u) for u in cases]
     monkeypatch.setattr(urls_module, "_already_canonical", lambda url: False)
     assert fast == [urls_module.canonical_url(u) for u in cases]
@@ -78,8 +98,10 @@ def test_text_cleaned_alike_with_and_without_the_fast_path() -> None:
         return text_module._WHITESPACE.sub(" ", text).strip() or None
 
     rng = random.Random(3)
-    alphabet = ("ab \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u200b\ufeff<>&;é"
-                "\u1680\u180e\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u2060\u3000\u0301ё\U0001f600")
+    alphabet = (
+        "ab \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u200b\ufeff<>&;é"
+        "\u1680\u180e\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u2060\u3000\u0301ё\U0001f600"
+    )
     cases = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
     assert [text_module.clean_text(c) for c in cases] == [full(c) for c in cases]
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import shutil
 
 from conftest import crawl_env
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, stat, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 def test_a_worker_with_a_skewed_clock_steals_no_lease(clean) -> None:
@@ -16,13 +17,24 @@ def test_a_worker_with_a_skewed_clock_steals_no_lease(clean) -> None:
     assert faketime, "faketime is missing: `make tools` installs it"
     catalog = Catalog(products=60)
     with DemoSite(catalog, delay_ms=60) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", SCHEDULER_IDLE_TIMEOUT="3",
-                        SCHEDULER_LEASE_TIMEOUT="20")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="2",
+            SCHEDULER_IDLE_TIMEOUT="3",
+            SCHEDULER_LEASE_TIMEOUT="20",
+        )
         normal = start_crawl(env)
         wait_for(lambda: site.stats()["total"] > 5, timeout=60, step=0.05)
         # The monotonic clock stays true: only the wall clock (what leases used to be judged by) is off.
-        skewed = start_crawl({**env, "FAKETIME": "+300s", "DONT_FAKE_MONOTONIC": "1",
-                              "LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"})
+        skewed = start_crawl(
+            {
+                **env,
+                "FAKETIME": "+300s",
+                "DONT_FAKE_MONOTONIC": "1",
+                "LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+            }
+        )
         logs = [crawl.communicate(timeout=180)[1] for crawl in (normal, skewed)]
         counts = site.stats()["requests"]
     for crawl, log in zip((normal, skewed), logs):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-
 import socket
 
 from conftest import crawl_env, project_with_spider, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 
-OFFSITE_SPIDER = '''
+OFFSITE_SPIDER = """
 from urllib.parse import urlsplit
 
 from scraper.spiders.demo import DemoSpider
@@ -23,7 +23,7 @@ class PortedSpider(DemoSpider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         spider.allowed_domains = [urlsplit(spider.site_url()).netloc]  # host:port, as genspider once wrote
         return spider
-'''
+"""
 
 
 def closed_port() -> int:
@@ -33,7 +33,9 @@ def closed_port() -> int:
 
 
 def warning_of(result) -> str:
-    lines = [l for l in result.stderr.splitlines() if "WARNING" in l and ("No page was fetched" in l or "start request" in l)]
+    lines = [
+        l for l in result.stderr.splitlines() if "WARNING" in l and ("No page was fetched" in l or "start request" in l)
+    ]
     assert len(lines) == 1, result.stderr[-3000:]
     return lines[0]
 
@@ -48,8 +50,14 @@ def test_a_crawl_that_fetched_nothing_says_why(clean, tmp_path) -> None:
         assert first.returncode == 0, first.stderr[-3000:]
         assert "No page was fetched" not in first.stderr
         seen = run_scrapy(env, "crawl", "demo", "-s", "DUPEFILTER_EXPIRY=3600", cwd=project)
-    unreachable = run_scrapy({**env, "DEMO_SITE_URL": f"http://127.0.0.1:{closed_port()}/"},
-                             "crawl", "demo", "-s", "RETRY_TIMES=0", cwd=project)
+    unreachable = run_scrapy(
+        {**env, "DEMO_SITE_URL": f"http://127.0.0.1:{closed_port()}/"},
+        "crawl",
+        "demo",
+        "-s",
+        "RETRY_TIMES=0",
+        cwd=project,
+    )
 
     line = warning_of(offsite)
     assert "No page was fetched for 'ported'" in line and "1 offsite" in line and "without scheme or port" in line

@@ -10,6 +10,7 @@ import re
 import stat
 
 from conftest import crawl_env, run_scrapy, run_scrapy_many
+
 from scraper.demo_site import Catalog
 
 
@@ -34,8 +35,10 @@ def test_demo_then_dbshell_and_export_on_the_embedded_database(services, tmp_pat
     shell, *made = run_scrapy_many(
         env,
         ("dbshell", "-c", "SELECT count(*) FROM products", "-tA"),
-        *(("export", "products", "-o", str(tmp_path / name), "--since", "1h", "--where", "price IS NOT NULL")
-          for name in ("rows.csv", "rows.jsonl", "rows.json")),
+        *(
+            ("export", "products", "-o", str(tmp_path / name), "--since", "1h", "--where", "price IS NOT NULL")
+            for name in ("rows.csv", "rows.jsonl", "rows.json")
+        ),
     )
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.strip() == str(len(valid))
@@ -53,8 +56,12 @@ def test_demo_then_dbshell_and_export_on_the_embedded_database(services, tmp_pat
         ("export", "products", "-o", str(tmp_path / "x.csv"), "--since", "last tuesday"),
         ("export", "nope", "-o", str(tmp_path / "x.csv")),
     )
-    assert bad.returncode == 2 and bad.stderr.startswith("error: export: --since:") and len(bad.stderr.splitlines()) == 1
-    assert missing.returncode == 2 and re.search(r"no table 'nope' \(tables: [a-z_, ]*\bproducts, rejects\b", missing.stderr), missing.stderr
+    assert (
+        bad.returncode == 2 and bad.stderr.startswith("error: export: --since:") and len(bad.stderr.splitlines()) == 1
+    )
+    assert missing.returncode == 2 and re.search(
+        r"no table 'nope' \(tables: [a-z_, ]*\bproducts, rejects\b", missing.stderr
+    ), missing.stderr
 
 
 def test_dbshell_passes_the_password_in_the_environment_only(clean, tmp_path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import scrapy
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
@@ -17,7 +18,7 @@ from scraper.items import ProductItem
 from scraper.pipelines.clean import CleanPipeline
 from scraper.pipelines.validate import check
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def test_dates_in_other_languages_when_asked() -> None:
@@ -71,7 +72,9 @@ def test_page_language_decides_the_date_language_and_unreadable_optional_dates_a
     pipeline, crawler = _pipeline(GermanShop)
     url = "http://shop.test/p/1"
     page = HtmlResponse(url, body=b'<html lang="de"><body>x</body></html>', encoding="utf-8")
-    crawler.signals.send_catch_log(scrapy.signals.response_received, response=page, request=page.request, spider=crawler.spider)
+    crawler.signals.send_catch_log(
+        scrapy.signals.response_received, response=page, request=page.request, spider=crawler.spider
+    )
     item = _item(url, "9. März 2026", pipeline)
     assert check(item) == [] and item["released_at"] == datetime(2026, 3, 9, tzinfo=UTC)
     # Another page that declares nothing: English, and an unreadable optional date is no reject.
@@ -159,8 +162,10 @@ def test_the_documented_differences_are_real() -> None:
     # The fold: 02:30 happens twice in Berlin on 25 Oct 2026; zoneinfo takes the first (CEST).
     assert _parse_common("Oct 25, 2026 2:30 AM", None, "Europe/Berlin") == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
     assert _parse_text("Oct 25, 2026 2:30 AM", None, "Europe/Berlin", ("en",), _ABSOLUTE_PARSERS) == datetime(
-        2026, 10, 25, 1, 30, tzinfo=UTC)
+        2026, 10, 25, 1, 30, tzinfo=UTC
+    )
     # Summer 2040 in Berlin is still UTC+2; dateparser says UTC+1.
     assert _parse_common("Jul 1, 2040 12:00 PM", None, "Europe/Berlin") == datetime(2040, 7, 1, 10, tzinfo=UTC)
     assert _parse_text("Jul 1, 2040 12:00 PM", None, "Europe/Berlin", ("en",), _ABSOLUTE_PARSERS) - timedelta(
-        hours=1) == datetime(2040, 7, 1, 10, tzinfo=UTC)
+        hours=1
+    ) == datetime(2040, 7, 1, 10, tzinfo=UTC)

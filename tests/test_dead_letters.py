@@ -8,11 +8,11 @@ import socket
 
 import redis
 import scrapy
-
 from conftest import crawl_env, project_with_spider, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 
-POISON_SPIDER = '''
+POISON_SPIDER = """
 from scraper.spiders.demo import DemoSpider
 
 
@@ -23,7 +23,7 @@ class PoisonSpider(DemoSpider):
         if response.url.endswith("/p/7.html"):
             raise ValueError("this page always breaks the parser")
         yield from super().parse_product(response)
-'''
+"""
 
 
 def closed_port() -> int:
@@ -73,12 +73,12 @@ def test_a_dead_letter_redis_cannot_take_is_delivered_again(clean, tmp_path) -> 
     """A request that should become a dead letter while Redis is down is not lost: its lease is
     abandoned (neither acknowledged nor renewed), runs out, and the request is queued again."""
     from scrapy.utils.test import get_crawler
-
-    from scraper.middlewares.dead_letters import bury
-    from scraper.queue.scheduler import SharedScheduler
-    from scraper.spiders.demo import DemoSpider
     from test_metrics import wait_for
     from test_redis_trouble import StoppableRedis
+
+    from scraper.middlewares.dead_letters import bury
+    from scraper.node.scheduler import SharedScheduler
+    from scraper.spiders.demo import DemoSpider
 
     server = StoppableRedis(tmp_path)
     server.start()

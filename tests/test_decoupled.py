@@ -12,11 +12,12 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
 from scrapy import Request
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
+from test_metrics import wait_for
 
-from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
 from scraper.demo_site import Catalog, DemoSite
 from scraper.processing import entry
 from scraper.processing.backpressure import StreamBackpressureMiddleware
@@ -24,7 +25,6 @@ from scraper.processing.scheduler import StreamScheduler
 from scraper.processing.stream import GROUP, ResponseStream
 from scraper.scraping_api.standin import StandIn
 from scraper.spiders.demo import DemoSpider
-from test_metrics import wait_for
 
 
 class Proc:
@@ -32,8 +32,9 @@ class Proc:
 
     def __init__(self, env: dict[str, str], *args: str, cwd: Path = ROOT) -> None:
         self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(scrapy_cmd(*args), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=self.log, text=True)
+        self.proc = subprocess.Popen(
+            scrapy_cmd(*args), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True
+        )
 
     def finish(self, timeout: float = 240) -> str:
         try:
@@ -85,9 +86,16 @@ def test_two_fetchers_two_processors_one_killed_mid_batch(clean, tmp_path: Path)
     project = project_with_spider(tmp_path, "slowproc", SLOW_SPIDER)
     catalog = Catalog(products=120)
     with DemoSite(catalog, delay_ms=20) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project), PROCESSING="decoupled",
-                        PROCESSING_CLAIM_IDLE="2", CONCURRENT_REQUESTS="4", SCHEDULER_IDLE_TIMEOUT="3",
-                        METRICS_ENABLED="false")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            PYTHONPATH=str(project),
+            PROCESSING="decoupled",
+            PROCESSING_CLAIM_IDLE="2",
+            CONCURRENT_REQUESTS="4",
+            SCHEDULER_IDLE_TIMEOUT="3",
+            METRICS_ENABLED="false",
+        )
         fetchers = [Proc(env, "crawl", "slowproc", cwd=project) for _ in range(2)]
         redis = clean.redis()
         processors = start_processors(env, "slowproc", redis, count=2, cwd=project)
@@ -101,8 +109,10 @@ def test_two_fetchers_two_processors_one_killed_mid_batch(clean, tmp_path: Path)
             except Exception:
                 return 0
             held = sum(int(c["pending"]) for c in consumers if f":{victim.proc.pid}:".encode() in c["name"])
-            stored = clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0] and \
-                clean.query("SELECT count(*) FROM products")[0][0]
+            stored = (
+                clean.query("SELECT to_regclass('products') IS NOT NULL")[0][0]
+                and clean.query("SELECT count(*) FROM products")[0][0]
+            )
             return held if held >= 2 and stored >= 5 else 0
 
         held = wait_for(victim_holds_entries, timeout=120, step=0.02)
@@ -128,7 +138,8 @@ def test_two_fetchers_two_processors_one_killed_mid_batch(clean, tmp_path: Path)
     # by the survivor that processed its entries again, as unchanged); the 2 fetchers and the
     # survivor reported, the victim if it got to acknowledge anything before its death.
     [(state, new, unchanged, nodes)] = clean.query(
-        "SELECT state, items_new, items_unchanged, nodes_seen FROM crawl_runs WHERE spider = 'slowproc'")
+        "SELECT state, items_new, items_unchanged, nodes_seen FROM crawl_runs WHERE spider = 'slowproc'"
+    )
     stored = clean.query("SELECT count(*) FROM products")[0][0]
     assert state == "finished" and 0 < new <= stored <= new + unchanged and nodes >= 3
 
@@ -139,9 +150,17 @@ def test_fetchers_hold_downloads_while_the_stream_is_full_and_no_secret_enters_i
     limit, concurrency = 10, 4
     catalog = Catalog(products=60)
     with DemoSite(catalog) as site, StandIn(key) as api:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, PYTHONPATH=str(project), PROCESSING="decoupled",
-                        PROCESSING_MAX_PENDING=str(limit), CONCURRENT_REQUESTS=str(concurrency),
-                        SCRAPING_API_KEY=key, SCRAPING_API_URL=api.url, METRICS_ENABLED="false")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            PYTHONPATH=str(project),
+            PROCESSING="decoupled",
+            PROCESSING_MAX_PENDING=str(limit),
+            CONCURRENT_REQUESTS=str(concurrency),
+            SCRAPING_API_KEY=key,
+            SCRAPING_API_URL=api.url,
+            METRICS_ENABLED="false",
+        )
         # One processor, slower than the fetcher: without the bound the stream would take every page.
         fetcher = Proc(env, "crawl", "slowproc", cwd=project)
         redis = clean.redis()
@@ -174,10 +193,19 @@ def test_fetchers_hold_downloads_while_the_stream_is_full_and_no_secret_enters_i
 
 # --- the stream's consumer group, in process ----------------------------------------------------
 
+
 def _processor(clean, consumer: str, **settings: str) -> StreamScheduler:
-    crawler = get_crawler(DemoSpider, {"REDIS_URL": clean.redis_url, "PROCESSING": "decoupled",
-                                       "PROCESSING_PROCESSOR": True, "PROCESSING_CLAIM_IDLE": "0.1",
-                                       "DEMO_SITE_URL": "http://shop.test/", **settings})
+    crawler = get_crawler(
+        DemoSpider,
+        {
+            "REDIS_URL": clean.redis_url,
+            "PROCESSING": "decoupled",
+            "PROCESSING_PROCESSOR": True,
+            "PROCESSING_CLAIM_IDLE": "0.1",
+            "DEMO_SITE_URL": "http://shop.test/",
+            **settings,
+        },
+    )
     crawler.spider = crawler._create_spider()
     scheduler = StreamScheduler.from_crawler(crawler)
     scheduler.open(crawler.spider)
@@ -188,10 +216,17 @@ def _processor(clean, consumer: str, **settings: str) -> StreamScheduler:
 
 def _add_product_page(clean, number: int) -> None:
     spider = DemoSpider()
-    request = Request(f"http://shop.test/p/{number}.html", callback=spider.parse_product,
-                      headers={"Authorization": "Basic c2VjcmV0", "Cookie": "session=secret"})
-    response = HtmlResponse(request.url, body=b"<html><h1 class=title>Kettle</h1></html>", request=request,
-                            headers={"Set-Cookie": "session=secret", "Content-Type": "text/html"})
+    request = Request(
+        f"http://shop.test/p/{number}.html",
+        callback=spider.parse_product,
+        headers={"Authorization": "Basic c2VjcmV0", "Cookie": "session=secret"},
+    )
+    response = HtmlResponse(
+        request.url,
+        body=b"<html><h1 class=title>Kettle</h1></html>",
+        request=request,
+        headers={"Set-Cookie": "session=secret", "Content-Type": "text/html"},
+    )
     ResponseStream(clean.redis(), "demo").add(entry.encode(request, response, spider, 1, {}))
 
 
@@ -239,8 +274,15 @@ def test_a_closing_processor_gives_back_what_it_read_and_did_not_process(clean) 
 def test_the_fetchers_bound_counts_the_downloads_it_lets_through(clean) -> None:
     for number in range(3):
         _add_product_page(clean, number)
-    crawler = get_crawler(DemoSpider, {"REDIS_URL": clean.redis_url, "PROCESSING": "decoupled",
-                                       "PROCESSING_MAX_PENDING": "5", "DEMO_SITE_URL": "http://shop.test/"})
+    crawler = get_crawler(
+        DemoSpider,
+        {
+            "REDIS_URL": clean.redis_url,
+            "PROCESSING": "decoupled",
+            "PROCESSING_MAX_PENDING": "5",
+            "DEMO_SITE_URL": "http://shop.test/",
+        },
+    )
     crawler.spider = crawler._create_spider()
     middleware = StreamBackpressureMiddleware.from_crawler(crawler)
     middleware.look_every = 3600  # one look at the stream for the whole test
@@ -263,13 +305,26 @@ def test_the_fetchers_bound_counts_the_downloads_it_lets_through(clean) -> None:
     assert let_through()
 
 
-@pytest.mark.parametrize("name, value", [("PROCESSING", "sideways"), ("PROCESSING_MAX_PENDING", "lots"),
-                                         ("PROCESSING_CLAIM_IDLE", "0"), ("PROCESSING_MAX_DELIVERIES", "0")])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PROCESSING", "sideways"),
+        ("PROCESSING_MAX_PENDING", "lots"),
+        ("PROCESSING_CLAIM_IDLE", "0"),
+        ("PROCESSING_MAX_DELIVERIES", "0"),
+    ],
+)
 def test_a_bad_processing_setting_fails_at_start_naming_it(clean, name: str, value: str) -> None:
     # `scrapy process` is decoupled whatever PROCESSING says; its other settings it checks too.
     for command in ("crawl",) if name == "PROCESSING" else ("crawl", "process"):
-        result = subprocess.run(scrapy_cmd(command, "demo"), cwd=ROOT, env=crawl_env(clean, **{name: value}),
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            scrapy_cmd(command, "demo"),
+            cwd=ROOT,
+            env=crawl_env(clean, **{name: value}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 2, result.stderr[-2000:]
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(f"error: {name}:"), result.stderr[-2000:]
@@ -284,9 +339,18 @@ def test_a_database_outage_pauses_processors_not_fetchers(clean, tmp_path: Path)
     catalog = Catalog(products=150)
     try:
         with DemoSite(catalog, delay_ms=20) as site:
-            env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, PROCESSING="decoupled",
-                            PROCESSING_MAX_PENDING=str(limit), PROCESSING_CLAIM_IDLE="2", CONCURRENT_REQUESTS="4",
-                            POSTGRES_RETRY_TIMEOUT="300", SCHEDULER_IDLE_TIMEOUT="5", METRICS_ENABLED="false")
+            env = crawl_env(
+                clean,
+                DATABASE_URL=postgres.url,
+                DEMO_SITE_URL=site.url,
+                PROCESSING="decoupled",
+                PROCESSING_MAX_PENDING=str(limit),
+                PROCESSING_CLAIM_IDLE="2",
+                CONCURRENT_REQUESTS="4",
+                POSTGRES_RETRY_TIMEOUT="300",
+                SCHEDULER_IDLE_TIMEOUT="5",
+                METRICS_ENABLED="false",
+            )
             fetcher = Proc(env, "crawl", "demo")
             redis = clean.redis()
             [processor] = start_processors(env, "demo", redis)

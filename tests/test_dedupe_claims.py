@@ -80,12 +80,19 @@ def test_a_batch_larger_than_the_script_limit_is_split_and_every_claim_answered(
     assert [o.decode() for o in asyncio.run(scenario())] == [f"p{i}" for i in range(size)]
 
 
-def test_under_another_twisted_reactor_claims_go_from_a_worker_thread_with_the_same_outcome(clean, site, catalog) -> None:
+def test_under_another_twisted_reactor_claims_go_from_a_worker_thread_with_the_same_outcome(
+    clean, site, catalog
+) -> None:
     from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
     from test_metrics import stat
 
-    result = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo",
-                        "-s", "TWISTED_REACTOR=twisted.internet.epollreactor.EPollReactor")
+    result = run_scrapy(
+        crawl_env(clean, DEMO_SITE_URL=site.url),
+        "crawl",
+        "demo",
+        "-s",
+        "TWISTED_REACTOR=twisted.internet.epollreactor.EPollReactor",
+    )
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "EPollReactor" in result.stderr
     # The shop lists some products in two categories: the second sighting is dropped.

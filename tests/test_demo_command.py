@@ -6,6 +6,7 @@ import re
 import socket
 
 from conftest import crawl_env, run_scrapy
+
 from scraper.demo_site import Catalog
 
 
@@ -21,7 +22,9 @@ def test_demo_crawls_the_shop_then_finds_it_unchanged(clean) -> None:
     first = run_scrapy(env, "demo", "--products", "60", "--port", str(port))
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"{valid} items stored ({valid} new, 0 updated, 0 unchanged)" in first.stdout, first.stdout
-    assert f"Postgres holds {valid} demo products (the shop has {valid} valid ones) and {broken} rejects" in first.stdout
+    assert (
+        f"Postgres holds {valid} demo products (the shop has {valid} valid ones) and {broken} rejects" in first.stdout
+    )
 
     second = run_scrapy(env, "demo", "--products", "60", "--port", str(port))
     assert f"{valid} items stored (0 new, 0 updated, {valid} unchanged)" in second.stdout, second.stdout

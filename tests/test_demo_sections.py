@@ -8,6 +8,7 @@ product must be stored with its exact amount, currency and date.
 from __future__ import annotations
 
 from conftest import crawl_env, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.demo_site.sections import SECTIONS
 
@@ -35,8 +36,12 @@ def test_german_and_kuwaiti_shops_are_stored_exactly(clean, site: DemoSite, cata
     }
     assert clean.query("SELECT reasons FROM rejects") == []
     expected = {}
-    for prefix, source in (("de", "demo"), ("kw", "demo"), ("kw", "127.0.0.1"),
-                           *((prefix, "demo") for prefix in LOCALE_SHOPS)):
+    for prefix, source in (
+        ("de", "demo"),
+        ("kw", "demo"),
+        ("kw", "127.0.0.1"),
+        *((prefix, "demo") for prefix in LOCALE_SHOPS),
+    ):
         for product in SECTIONS[prefix].products(catalog):
             expected[(source, product.sku)] = (product.price, product.currency, product.released, product.title)
     assert rows.keys() == expected.keys()
@@ -54,8 +59,9 @@ def test_german_and_kuwaiti_shops_are_stored_exactly(clean, site: DemoSite, cata
     shown = {prefix: [p for p in SECTIONS[prefix].products(catalog)] for prefix in LOCALE_SHOPS}
     assert any("\u2019" in p.price_display and p.price >= 1000 for p in shown["ch"])
     assert any(p.released.day <= 12 and p.released.day != p.released.month for p in shown["br"])
-    assert any(p.released.day <= 12 and p.released.day != p.released.month and ". " in p.released_display
-               for p in shown["cz"])
+    assert any(
+        p.released.day <= 12 and p.released.day != p.released.month and ". " in p.released_display for p in shown["cz"]
+    )
     assert any("\u066c" in p.price_display for p in shown["eg"])
 
 

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from email.message import Message
 from pathlib import Path
@@ -57,9 +57,7 @@ def squash(text: str) -> str:
 
 
 _SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY"}
-_DISPLAY = re.compile(
-    r"(?P<pre>[$€£¥]|(?:USD|EUR|GBP|JPY) )?(?P<num>[0-9][0-9., ]*?)(?P<post> €| EUR)?"
-)
+_DISPLAY = re.compile(r"(?P<pre>[$€£¥]|(?:USD|EUR|GBP|JPY) )?(?P<num>[0-9][0-9., ]*?)(?P<post> €| EUR)?")
 
 
 def parse_display_price(text: str) -> tuple[Decimal, str]:
@@ -96,8 +94,8 @@ def parse_display_date(text: str) -> datetime:
         else:
             raise AssertionError(f"unexpected date format {text!r}") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
 
 
 def jsonld(sel: Selector) -> dict | None:
@@ -434,9 +432,7 @@ def test_reprice_endpoint(fresh_site: DemoSite) -> None:
     before = _prices(fresh_site)
     status, data = admin(fresh_site, "/_admin/reprice?count=3", "POST")
     assert status == 200
-    eligible = [
-        p.id for p in fresh_site.catalog.valid_products() if not p.is_free and p.price is not None
-    ]
+    eligible = [p.id for p in fresh_site.catalog.valid_products() if not p.is_free and p.price is not None]
     assert data == {"changed": eligible[:3]}
     after = _prices(fresh_site)
     assert {pid for pid in before if before[pid] != after[pid]} == set(eligible[:3])

@@ -21,34 +21,47 @@ import time
 import urllib.error
 import urllib.request
 from base64 import b64encode
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psutil
 import pytest
 import yaml
-
 from conftest import ROOT, TEST_SCHEDULER_SECRET, Services
+from tools import ensure_binary
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
-from tools import ensure_binary
 
 VENV_BIN = Path(sys.executable).parent
 USERNAME = "deployer"
 PASSWORD = "Scrapyd-pw-5d0c8e"
 # Variables of ours that must not leak from the test into scrapyd, which must get only what a
 # test gives it.
-SCRUBBED = ("REDIS_URL", "DATABASE_URL", "DEMO_SITE_URL", "PYTHONPATH", "SCRAPY_SETTINGS_MODULE",
-            "SCRAPY_PROJECT", "SCRAPYD_USERNAME", "SCRAPYD_PASSWORD", "SCRAPYD_URL",
-            "SCRAPYD_BIND_ADDRESS", "SCRAPYD_HTTP_PORT", "SCRAPING_API_KEY", "LOG_LEVEL")
+SCRUBBED = (
+    "REDIS_URL",
+    "DATABASE_URL",
+    "DEMO_SITE_URL",
+    "PYTHONPATH",
+    "SCRAPY_SETTINGS_MODULE",
+    "SCRAPY_PROJECT",
+    "SCRAPYD_USERNAME",
+    "SCRAPYD_PASSWORD",
+    "SCRAPYD_URL",
+    "SCRAPYD_BIND_ADDRESS",
+    "SCRAPYD_HTTP_PORT",
+    "SCRAPING_API_KEY",
+    "LOG_LEVEL",
+)
 
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def http(method: str, url: str, auth: tuple[str, str] | None = None,
-         data: dict[str, str] | None = None) -> tuple[int, bytes]:
+def http(
+    method: str, url: str, auth: tuple[str, str] | None = None, data: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     body = urlencode(data).encode() if data is not None else None
     request = urllib.request.Request(url, data=body, method=method)
     if auth:
@@ -90,8 +103,7 @@ class Scrapyd:
     def schedule(self, spider: str = "demo") -> str:
         return self.call("schedule.json", {"project": "scraper", "spider": spider})["jobid"]
 
-    def wait(self, job: str, timeout: float = 60,
-             while_running: Callable[[int], None] | None = None) -> dict:
+    def wait(self, job: str, timeout: float = 60, while_running: Callable[[int], None] | None = None) -> dict:
         """Wait for *job* to finish; call ``while_running(pid)`` on every poll while it runs."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -138,7 +150,10 @@ def running_scrapyd(workdir: Path, **env: str) -> Iterator[Scrapyd]:
     log = workdir / "scrapyd.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(VENV_BIN / "scrapyd")], cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+            [str(VENV_BIN / "scrapyd")],
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             env=base_env(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD, **env),
         )
     node = Scrapyd(f"http://127.0.0.1:{port}/", workdir, proc, log)
@@ -184,17 +199,29 @@ def deploy_env(node: Scrapyd) -> dict[str, str]:
 
 def scrapyd_deploy(project: Path, node: Scrapyd) -> None:
     """`scrapyd-deploy` with no argument: the default target, whose URL comes from SCRAPYD_URL."""
-    result = subprocess.run([str(VENV_BIN / "scrapyd-deploy")], cwd=project, env=deploy_env(node),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(VENV_BIN / "scrapyd-deploy")],
+        cwd=project,
+        env=deploy_env(node),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert '"status": "ok"' in result.stdout, result.stdout + result.stderr
 
 
 def job_env(services: Services, site: DemoSite, **extra: str) -> dict[str, str]:
-    env = dict(REDIS_URL=services.redis_url, DATABASE_URL=services.database_url, DEMO_SITE_URL=site.url,
-               SCHEDULER_IDLE_TIMEOUT="1", POSTGRES_FLUSH_INTERVAL="0.2",
-               # The fleet secret and the loopback test site, as crawl_env gives every crawl.
-               SCHEDULER_SECRET=TEST_SCHEDULER_SECRET, FETCH_ALLOW_NETWORKS="127.0.0.0/8")
+    env = dict(
+        REDIS_URL=services.redis_url,
+        DATABASE_URL=services.database_url,
+        DEMO_SITE_URL=site.url,
+        SCHEDULER_IDLE_TIMEOUT="1",
+        POSTGRES_FLUSH_INTERVAL="0.2",
+        # The fleet secret and the loopback test site, as crawl_env gives every crawl.
+        SCHEDULER_SECRET=TEST_SCHEDULER_SECRET,
+        FETCH_ALLOW_NETWORKS="127.0.0.0/8",
+    )
     env.update(extra)
     return env
 
@@ -216,15 +243,22 @@ def assert_crawl_finished(log: str) -> None:
 # --- scrapyd ---------------------------------------------------------------------------------
 
 
-def test_deploy_with_make_then_crawl_through_the_authenticated_api(clean: Services, site: DemoSite,
-                                                                   catalog: Catalog, tmp_path: Path) -> None:
+def test_deploy_with_make_then_crawl_through_the_authenticated_api(
+    clean: Services, site: DemoSite, catalog: Catalog, tmp_path: Path
+) -> None:
     project = checkout(tmp_path)
     with running_scrapyd(tmp_path / "scrapyd", **job_env(clean, site)) as node:
         # `make deploy`: the Makefile target, which runs scrapyd-deploy on the default target
         # (URL and credentials from the environment). STAMP= skips the venv install step.
         make = ensure_binary("make", "make")
-        result = subprocess.run([make, "deploy", "STAMP=", f"VENV={VENV_BIN.parent}"], cwd=project,
-                                env=deploy_env(node), capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [make, "deploy", "STAMP=", f"VENV={VENV_BIN.parent}"],
+            cwd=project,
+            env=deploy_env(node),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "scrapyd-deploy default" in result.stdout and '"status": "ok"' in result.stdout
         assert node.call("listspiders.json", project="scraper")["spiders"] == ["api_extract", "demo", "schema_org"]
@@ -250,8 +284,11 @@ def test_deploy_with_make_then_crawl_through_the_authenticated_api(clean: Servic
         # Without credentials, or with wrong ones, everything is refused: the API, the logs, the
         # web pages, and deploying or scheduling (which would run code).
         refused = [
-            ("GET", "daemonstatus.json", None), ("GET", "listjobs.json", None), ("GET", "", None),
-            ("GET", finished["log_url"].lstrip("/"), None), ("GET", "logs/", None),
+            ("GET", "daemonstatus.json", None),
+            ("GET", "listjobs.json", None),
+            ("GET", "", None),
+            ("GET", finished["log_url"].lstrip("/"), None),
+            ("GET", "logs/", None),
             ("POST", "schedule.json", {"project": "scraper", "spider": "demo"}),
             ("POST", "cancel.json", {"project": "scraper", "job": job}),
             ("POST", "delproject.json", {"project": "scraper"}),
@@ -299,20 +336,24 @@ def test_two_scrapyd_nodes_share_one_crawl(clean: Services, catalog: Catalog, tm
 def with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{parts.username or 'postgres'}:{password}@{host}", parts.path,
-                       parts.query, ""))
+    return urlunsplit((parts.scheme, f"{parts.username or 'postgres'}:{password}@{host}", parts.path, parts.query, ""))
 
 
-def test_secrets_stay_out_of_job_list_logs_and_command_lines(clean: Services, catalog: Catalog,
-                                                             tmp_path: Path) -> None:
+def test_secrets_stay_out_of_job_list_logs_and_command_lines(clean: Services, catalog: Catalog, tmp_path: Path) -> None:
     db_canary, key_canary = "Canary-db-7c1e55", "Canary-key-0b9d21"
     secrets = (db_canary, key_canary, PASSWORD)
     # Trust authentication on the test Postgres: any password is accepted, so the canary is used.
     site = DemoSite(catalog, delay_ms=30).start()
     # The key is really used: pages go through the local scraping-API stand-in that accepts it.
     api = StandIn(key_canary).start()
-    env = job_env(clean, site, DATABASE_URL=with_password(clean.database_url, db_canary),
-                  SCRAPING_API_KEY=key_canary, SCRAPING_API_URL=api.url, LOG_LEVEL="DEBUG")
+    env = job_env(
+        clean,
+        site,
+        DATABASE_URL=with_password(clean.database_url, db_canary),
+        SCRAPING_API_KEY=key_canary,
+        SCRAPING_API_URL=api.url,
+        LOG_LEVEL="DEBUG",
+    )
     cmdlines: list[str] = []
     listeners: dict[int, bytes] = {}
 
@@ -350,7 +391,9 @@ def test_secrets_stay_out_of_job_list_logs_and_command_lines(clean: Services, ca
     assert job_cmdlines, "never saw the job running"
     # Settings reach the job from the environment: its only arguments are scrapyd's own.
     for cmdline in job_cmdlines:
-        assert re.fullmatch(rf"\S*python\S* -m scrapyd\.runner crawl demo -s LOG_FILE=\S+ -a _job={job}", cmdline), cmdline
+        assert re.fullmatch(rf"\S*python\S* -m scrapyd\.runner crawl demo -s LOG_FILE=\S+ -a _job={job}", cmdline), (
+            cmdline
+        )
     for secret in secrets:
         assert secret not in listing.decode() and secret not in jobs_page.decode()
         assert secret not in job_logs and secret not in daemon_log
@@ -395,8 +438,14 @@ def compose(tmp_path: Path, *args: str, env_file: dict[str, str] | None = None) 
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     # Only the env file speaks: a variable of this shell must not hide a missing one.
     env = {k: v for k, v in os.environ.items() if k not in env_example() and not k.startswith("COMPOSE_")}
-    return subprocess.run([binary, "-f", str(COMPOSE_FILE), "--env-file", str(path), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [binary, "-f", str(COMPOSE_FILE), "--env-file", str(path), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def compose_config(tmp_path: Path, *args: str) -> dict:
@@ -492,8 +541,9 @@ def test_compose_wires_metrics_and_dashboards_to_the_monitoring_files(tmp_path: 
     # prometheus.yml reads file_sd target files from a folder; that folder is the shared volume
     # into which every crawl node writes its target files (METRICS_FILE_SD_DIR).
     prom_config = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
-    sd_files = [f for job in prom_config["scrape_configs"] for sd in job.get("file_sd_configs", [])
-                for f in sd["files"]]
+    sd_files = [
+        f for job in prom_config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]
+    ]
     assert sd_files, "monitoring/prometheus.yml has no file_sd_configs"
     sd_dir = str(Path(sd_files[0]).parent)
     volume = prometheus[sd_dir]

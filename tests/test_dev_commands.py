@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, crawl_env, run_scrapy, run_scrapy_many
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
 
-ADHOC_SPIDER = '''
+ADHOC_SPIDER = """
 import scrapy
 
 
@@ -33,7 +34,7 @@ class AdhocSpider(scrapy.Spider):
     def parse(self, response):
         yield {"url": response.url, "title": response.css("title::text").get()}
         yield response.follow("/p/1.html", callback=self.parse)
-'''
+"""
 
 
 def redis_snapshot(client) -> dict[bytes, bytes]:
@@ -42,8 +43,9 @@ def redis_snapshot(client) -> dict[bytes, bytes]:
 
 
 def tables_snapshot(services) -> dict[str, list[str]]:
-    tables = [t for (t,) in services.query(
-        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")]
+    tables = [
+        t for (t,) in services.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")
+    ]
     return {t: [r for (r,) in services.query(f'SELECT t::text FROM "{t}" t ORDER BY 1')] for t in tables}
 
 
@@ -80,11 +82,27 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
             ("shell", f"{site.url}p/1.html", "-c", "(response.status, response.css('.sku::text').get())"),
             ("fetch", "--nolog", f"{site.url}p/1.html"),
             # Nothing to connect to: a developer command needs neither Redis nor Postgres.
-            ("fetch", "--nolog", "--headers", "-s", f"REDIS_URL=redis://127.0.0.1:{closed_port()}/0",
-             "-s", f"DATABASE_URL=postgresql://nobody@127.0.0.1:{closed_port()}/none", site.url),
+            (
+                "fetch",
+                "--nolog",
+                "--headers",
+                "-s",
+                f"REDIS_URL=redis://127.0.0.1:{closed_port()}/0",
+                "-s",
+                f"DATABASE_URL=postgresql://nobody@127.0.0.1:{closed_port()}/none",
+                site.url,
+            ),
             ("view", "--nolog", site.url),
-            ("parse", "--nocolour", "--spider", "demo", "-c", "parse_product", "--pipelines",
-             f"{site.url}p/{catalog.ids_by_kind('no_price')[0]}.html"),
+            (
+                "parse",
+                "--nocolour",
+                "--spider",
+                "demo",
+                "-c",
+                "parse_product",
+                "--pipelines",
+                f"{site.url}p/{catalog.ids_by_kind('no_price')[0]}.html",
+            ),
             ("check", "demo"),
             ("runspider", str(spider_file), "-a", f"url={site.url}", "-O", str(tmp_path / "out.jsonl")),
         )
@@ -93,7 +111,14 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
             links, through_api = run_scrapy_many(
                 env,
                 ("parse", "--nocolour", "--spider", "demo", site.url),
-                ("fetch", "-s", f"SCRAPING_API_KEY={api.key}", "-s", f"SCRAPING_API_URL={api.url}", f"{site.url}p/1.html"),
+                (
+                    "fetch",
+                    "-s",
+                    f"SCRAPING_API_KEY={api.key}",
+                    "-s",
+                    f"SCRAPING_API_URL={api.url}",
+                    f"{site.url}p/1.html",
+                ),
             )
             api_scrapes = api.stats()["scrapes"]
         served = site.stats()["total"] - hits_before
@@ -108,7 +133,7 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "(200, 'DS-000001')" in shell.stdout
-    assert "<span class=\"sku\">DS-000001</span>" in fetch.stdout
+    assert '<span class="sku">DS-000001</span>' in fetch.stdout
     assert "< Content-Type: text/html; charset=utf-8" in headers.stdout and "> User-Agent:" in headers.stdout
     assert "DS-000001" in through_api.stdout and api_scrapes >= 1
     assert "dev-key-4242" not in through_api.stderr
@@ -134,7 +159,7 @@ def test_check_fails_when_a_contract_is_broken(services, tmp_path) -> None:
     shutil.copy(ROOT / "scrapy.cfg", project)
     demo = project / "scraper" / "spiders" / "demo.py"
     source = demo.read_text()
-    assert 'h1.title::text' in source
+    assert "h1.title::text" in source
     demo.write_text(source.replace("h1.title::text", "h1.renamed::text"))
     with DemoSite(Catalog(products=20)) as site:
         env = crawl_env(services, DEMO_SITE_URL=site.url, PYTHONPATH=str(project))

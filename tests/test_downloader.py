@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scraper.demo_site import DemoSite
-
 from conftest import crawl
+
+from scraper.demo_site import DemoSite
 
 
 def _connections(services, catalog, **settings: str) -> tuple[int, int]:

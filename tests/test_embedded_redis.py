@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import redis
+from test_redis_trouble import StoppableRedis
 
 from scraper.redis_client import register_script
 from scraper.scraping_api.budget import SharedBudget
-from test_redis_trouble import StoppableRedis
 
 # Any script calling a command with many arguments grows the scripting client's argument array;
 # the queue's scripts do so on every crawl.
@@ -46,6 +46,9 @@ def test_no_script_calls_incrbyfloat() -> None:
     # script must keep away from INCRBYFLOAT, not only the budget's (the other commands that
     # rewrite their arguments, tried on the embedded binary the same way, do not corrupt it).
     root = Path(__file__).resolve().parent.parent / "scraper"
-    callers = [str(path.relative_to(root)) for path in root.rglob("*.py")
-               if re.search(r"redis\.p?call\(\s*['\"]incrbyfloat['\"]", path.read_text(encoding="utf-8"), re.I)]
+    callers = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if re.search(r"redis\.p?call\(\s*['\"]incrbyfloat['\"]", path.read_text(encoding="utf-8"), re.I)
+    ]
     assert callers == []

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from conftest import ROOT, project_with_spider, scrapy_cmd
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 # Enough pages at a slow enough pace that the second process meets the first one's run.
 CATALOG = Catalog(products=20)
@@ -23,8 +23,15 @@ CATALOG = Catalog(products=20)
 
 def embedded_env(data: Path, site: DemoSite) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
-    env.update(DATA_DIR=str(data), DEMO_SITE_URL=site.url, SCHEDULER_IDLE_TIMEOUT="1", POSTGRES_FLUSH_INTERVAL="0.2",
-               CONCURRENT_REQUESTS_PER_DOMAIN="2", METRICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    env.update(
+        DATA_DIR=str(data),
+        DEMO_SITE_URL=site.url,
+        SCHEDULER_IDLE_TIMEOUT="1",
+        POSTGRES_FLUSH_INTERVAL="0.2",
+        CONCURRENT_REQUESTS_PER_DOMAIN="2",
+        METRICS_ENABLED="false",
+        PYTHONPATH=str(ROOT),
+    )
     return env
 
 
@@ -60,9 +67,16 @@ def test_two_crawls_started_together_share_one_redis_despite_stale_files(tmp_pat
                 # file still naming a dead user.
                 pidfile = tmp_path / "stale.pid"
                 pidfile.write_text(str(dead_pid() if round % 2 else os.getpid()))
-                (data / "redis" / "redis.db.settings").write_text(json.dumps({
-                    "pidfile": str(pidfile), "unixsocket": str(tmp_path / "gone.socket"),
-                    "dbdir": str(data / "redis"), "dbfilename": "redis.db"}))
+                (data / "redis" / "redis.db.settings").write_text(
+                    json.dumps(
+                        {
+                            "pidfile": str(pidfile),
+                            "unixsocket": str(tmp_path / "gone.socket"),
+                            "dbdir": str(data / "redis"),
+                            "dbfilename": "redis.db",
+                        }
+                    )
+                )
                 handles = data / "postgres" / ".handle_pids.json"
                 handles.write_text(json.dumps([dead_pid()]))
             logs = [tmp_path / f"{round}-{n}.log" for n in range(2)]
@@ -71,8 +85,12 @@ def test_two_crawls_started_together_share_one_redis_despite_stale_files(tmp_pat
             data.mkdir(exist_ok=True)
             with open(data / ".lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                procs = [subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=log.open("w")) for log in logs]
+                procs = [
+                    subprocess.Popen(
+                        scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w")
+                    )
+                    for log in logs
+                ]
                 wait_for(lambda: waiting_for_lock(data / ".lock") == 2, timeout=60, step=0.05)
                 fcntl.flock(lock, fcntl.LOCK_UN)
             for proc in procs:
@@ -94,8 +112,14 @@ def test_data_dir_is_the_projects_wherever_a_command_runs(tmp_path: Path) -> Non
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL", "DATA_DIR"}}
     env["PYTHONPATH"] = str(project)
     # The installed `scrapy` script, as a user runs it (``python -m`` would put the folder on sys.path).
-    result = subprocess.run([str(Path(sys.executable).parent / "scrapy"), "queue", "demo", "--json", "--interval", "0.1"],
-                            cwd=project / "scraper", env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "scrapy"), "queue", "demo", "--json", "--interval", "0.1"],
+        cwd=project / "scraper",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["depth"] == 0
     assert (project / ".data" / "redis").is_dir()

@@ -10,8 +10,8 @@ lets the crawl reach its own shop on 127.0.0.1 alone); its hit counter must stay
 from __future__ import annotations
 
 import scrapy
-
 from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import keys, signing
 from scraper.queue.serializer import dumps
@@ -28,12 +28,14 @@ def test_planted_entries_are_not_fetched_and_become_dead_letters(clean) -> None:
     catalog = Catalog(products=30)
     with DemoSite(catalog) as shop, DemoSite(Catalog(products=5), host="127.0.0.2") as internal:
         env = crawl_env(clean, DEMO_SITE_URL=shop.url, FETCH_ALLOW_NETWORKS="127.0.0.1/32")
-        plant(clean.redis(),
-              f"http://127.0.0.2:{internal.port}/latest/meta-data/iam/security-credentials/",
-              f"http://127.0.0.2:{internal.port}/p/1.html",
-              "http://169.254.169.254/latest/meta-data/",
-              "file:///etc/passwd",
-              f"http://localhost:{shop.port}/p/2.html")
+        plant(
+            clean.redis(),
+            f"http://127.0.0.2:{internal.port}/latest/meta-data/iam/security-credentials/",
+            f"http://127.0.0.2:{internal.port}/p/1.html",
+            "http://169.254.169.254/latest/meta-data/",
+            "file:///etc/passwd",
+            f"http://localhost:{shop.port}/p/2.html",
+        )
         # Bound to its own shop (the demo spider is not by default: `scrapy seed` gives it other sites).
         result = run_scrapy(env, "crawl", "demo", "-a", "allowed_domains=127.0.0.1")
         assert result.returncode == 0, result.stderr[-3000:]

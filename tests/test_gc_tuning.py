@@ -61,8 +61,11 @@ def test_the_middleware_breaks_the_response_selector_cycle() -> None:
     middleware = ItemOriginMiddleware(MemoryStatsCollector(get_crawler()))
 
     def page() -> HtmlResponse:
-        return HtmlResponse("http://shop.test/p/1.html", body=b"<html><h1>A</h1><a href='/p/2'>b</a></html>",
-                            request=Request("http://shop.test/p/1.html"))
+        return HtmlResponse(
+            "http://shop.test/p/1.html",
+            body=b"<html><h1>A</h1><a href='/p/2'>b</a></html>",
+            request=Request("http://shop.test/p/1.html"),
+        )
 
     def callback(response: HtmlResponse):
         yield {"title": response.css("h1::text").get()}
@@ -72,13 +75,16 @@ def test_the_middleware_breaks_the_response_selector_cycle() -> None:
         async def output():
             for obj in callback(response):
                 yield obj
+
         return [obj async for obj in middleware.process_spider_output_async(response, output())]
 
     gc.collect()
     gc.disable()  # only reference counting may free the page
     try:
-        for consume in (lambda r: list(middleware.process_spider_output(r, callback(r))),
-                        lambda r: asyncio.run(consume_async(r))):
+        for consume in (
+            lambda r: list(middleware.process_spider_output(r, callback(r))),
+            lambda r: asyncio.run(consume_async(r)),
+        ):
             response = page()
             out = consume(response)
             assert out[0] == {"title": "A"} and out[1].url == "http://shop.test/p/2"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import crawl_env, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 
 
@@ -49,6 +50,7 @@ def test_migrate_is_idempotent_and_adds_new_columns(clean) -> None:
     clean.query("ALTER TABLE products DROP COLUMN brand")
     third = run_scrapy(env, "migrate")
     assert "added column products.brand text" in third.stdout
-    columns = {r[0] for r in clean.query(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'products'")}
+    columns = {
+        r[0] for r in clean.query("SELECT column_name FROM information_schema.columns WHERE table_name = 'products'")
+    }
     assert {"brand", "content_hash", "first_seen", "last_seen", "updated_at"} <= columns

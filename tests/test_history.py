@@ -4,14 +4,14 @@ nothing for unchanged rows, and unchanged rows still (nearly) free in WAL."""
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from datetime import UTC
 
 import psycopg2
 import pytest
+from test_storage import COLUMNS, Gadget, row
 
 from scraper.storage import history, schema
 from scraper.storage.upsert import Row, TableUpserter
-from test_storage import COLUMNS, Gadget, row
 
 
 @pytest.fixture
@@ -87,10 +87,10 @@ def test_unchanged_rows_cost_at_most_two_bytes_of_wal_each(conn) -> None:
 def test_inserts_recorded_by_the_merge_itself_read_as_the_writers_own(conn) -> None:
     """The writer has the merge write each insert's entry (no round trip of the row as JSON):
     the entries must be the very ones the upserter's own path records, values and order."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    rows = [row(f"k{i:02d}", f"name {i}\t\\ \"q\" é", f"{i}.5{i % 10}") for i in range(12)]
-    rows[3].values["seen"] = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    rows = [row(f"k{i:02d}", f'name {i}\t\\ "q" é', f"{i}.5{i % 10}") for i in range(12)]
+    rows[3].values["seen"] = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     rows[4].values["name"] = None
     context = history.Context("shop", 9, "crawl")
 

@@ -11,14 +11,19 @@ from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
+import scrapy
 from babel import localedata
 from babel.dates import format_date
 from babel.numbers import format_currency, format_decimal, get_currency_precision, get_territory_currencies
+from scrapy.http import HtmlResponse, Request
+from scrapy.utils.test import get_crawler
 
 from scraper.cleaning.currency import minor_units, territory_of
 from scraper.cleaning.dates import parse_date
 from scraper.cleaning.language import date_languages
 from scraper.cleaning.price import read_price
+from scraper.items import ProductItem
+from scraper.pipelines.clean import CleanPipeline
 
 LOCALES = [identifier.replace("_", "-") for identifier in localedata.locale_identifiers()]
 AMOUNTS = [Decimal(text) for text in ("0.5", "7.5", "12", "1234.56", "1025.23", "12345", "1234567.89")]
@@ -119,8 +124,9 @@ def test_prices_the_marketplace_stored_wrong(text: str, locale: str | None, amou
         ("1,234,5 €", "de", "two decimal marks"),
     ],
 )
-def test_numbers_the_locale_does_not_read_are_rejected_with_the_reason(text: str, locale: str | None,
-                                                                        reason: str) -> None:
+def test_numbers_the_locale_does_not_read_are_rejected_with_the_reason(
+    text: str, locale: str | None, reason: str
+) -> None:
     reading = read_price(text, locale=locale)
     assert reading.amount is None
     assert reason in (reading.problem or "")
@@ -159,13 +165,6 @@ def test_dates_of_other_calendars_or_unknown_words_are_rejected(text: str, local
 # Per page: one spider, many country stores. The pipeline is Scrapy's own object, fed the
 # responses and items as the engine does.
 
-import scrapy
-from scrapy.http import HtmlResponse, Request
-from scrapy.utils.test import get_crawler
-
-from scraper.items import ProductItem
-from scraper.pipelines.clean import CleanPipeline
-
 
 class _Marketplace(scrapy.Spider):
     name = "marketplace"
@@ -201,13 +200,25 @@ def test_a_page_says_its_locale_currency_and_date_order_in_its_request_meta() ->
     other = _item(pipeline, "http://shop.test/us/p/1", price="$12.50", released_at="2020/07/02")
     czech = _item(pipeline, "http://shop.test/cz/p/1", price="1 234,50 Kč", released_at="5. 6. 2019")
     assert (brazil["price"], brazil["currency"], brazil["released_at"].date()) == (
-        Decimal("1234.56"), "BRL", date(2020, 7, 2))
+        Decimal("1234.56"),
+        "BRL",
+        date(2020, 7, 2),
+    )
     assert (swiss["price"], swiss["currency"], swiss["released_at"].date()) == (
-        Decimal("1025.50"), "CHF", date(2020, 7, 2))
+        Decimal("1025.50"),
+        "CHF",
+        date(2020, 7, 2),
+    )
     assert (other["price"], other["currency"], other["released_at"].date()) == (
-        Decimal("12.50"), "USD", date(2020, 7, 2))
+        Decimal("12.50"),
+        "USD",
+        date(2020, 7, 2),
+    )
     assert (czech["price"], czech["currency"], czech["released_at"].date()) == (
-        Decimal("1234.50"), "CZK", date(2019, 6, 5))
+        Decimal("1234.50"),
+        "CZK",
+        date(2019, 6, 5),
+    )
     assert all(not item._problems for item in (brazil, swiss, other, czech))
 
 
@@ -221,9 +232,16 @@ def test_a_number_the_page_locale_does_not_read_is_a_reject_with_the_reason() ->
 
 @pytest.mark.parametrize(
     ("raw", "term"),
-    [("https://schema.org/InStock", "InStock"), ("http://schema.org/OutOfStock", "OutOfStock"),
-     ("InStock", "InStock"), ("In stock", "InStock"), ("Sold out", "SoldOut"), ("Auf Lager", "InStock"),
-     ("Pre-order", "PreOrder"), ("Ask the shop", "Ask the shop")],
+    [
+        ("https://schema.org/InStock", "InStock"),
+        ("http://schema.org/OutOfStock", "OutOfStock"),
+        ("InStock", "InStock"),
+        ("In stock", "InStock"),
+        ("Sold out", "SoldOut"),
+        ("Auf Lager", "InStock"),
+        ("Pre-order", "PreOrder"),
+        ("Ask the shop", "Ask the shop"),
+    ],
 )
 def test_availability_is_the_schema_org_term(raw: str, term: str) -> None:
     item = _item(_pipeline(), "http://shop.test/p/3", price="$1", availability=raw)
@@ -241,14 +259,25 @@ def test_scrapy_parse_with_pipelines_rejects_an_exponent_with_its_reason(service
     (tmp_path / "p" / "1.html").write_text(
         '<html lang="en-US"><head><link rel="canonical" href="http://127.0.0.1/p/1.html"></head><body>'
         '<h1 class="title">Kettle</h1><span class="sku">K-1</span><span class="price">12e3 USD</span>'
-        "</body></html>")
+        "</body></html>"
+    )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/p/1.html"
-        result = run_scrapy(crawl_env(services), "parse", "--nocolour", "--spider", "demo", "-c", "parse_product",
-                            "--pipelines", url, timeout=120)
+        result = run_scrapy(
+            crawl_env(services),
+            "parse",
+            "--nocolour",
+            "--spider",
+            "demo",
+            "-c",
+            "parse_product",
+            "--pipelines",
+            url,
+            timeout=120,
+        )
     finally:
         server.shutdown()
     assert result.returncode == 0, result.stderr[-3000:]

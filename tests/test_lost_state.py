@@ -10,17 +10,19 @@ from __future__ import annotations
 import re
 
 from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
 from test_redis_refusing_writes import own_redis  # noqa: F401  (the fixture)
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 def test_a_flushed_redis_ends_the_run_lost_and_the_next_starts_fresh(clean, own_redis) -> None:  # noqa: F811
     catalog = Catalog(products=80)
     url = f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0"
     with DemoSite(catalog, delay_ms=40) as site:
-        env = crawl_env(clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
-                        SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4", SCHEDULER_IDLE_TIMEOUT="3"
+        )
         first = run_scrapy(env, "crawl", "demo")  # a whole run: rows to keep
         assert first.returncode == 0, first.stderr[-3000:]
         rows_before = clean.query("SELECT count(*) FROM products WHERE gone_at IS NULL")[0][0]
@@ -55,8 +57,9 @@ def test_a_fresh_run_begun_in_the_emptied_redis_does_not_hide_the_loss(clean, ow
     catalog = Catalog(products=60)
     url = f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0"
     with DemoSite(catalog, delay_ms=60) as site:
-        env = crawl_env(clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2",
-                        SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", SCHEDULER_IDLE_TIMEOUT="3"
+        )
         first = start_crawl(env)
         wait_for(lambda: site.stats()["total"] > 10, timeout=60, step=0.05)
         own_redis.flushall()

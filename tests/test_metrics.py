@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, crawl_env, scrapy_cmd
+from tools import ensure_binary
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
-from tools import ensure_binary
 
 CANARY = "Canary-metrics-5521"
 
@@ -53,8 +53,9 @@ class Crawl:
 
     def __init__(self, env: dict[str, str], *args: str, spider: str = "demo", cwd: Path = ROOT) -> None:
         self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(scrapy_cmd("crawl", spider, *args), cwd=cwd, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(
+            scrapy_cmd("crawl", spider, *args), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True
+        )
 
     @property
     def returncode(self) -> int | None:
@@ -81,9 +82,15 @@ def slow_site():
 
 def test_two_processes_expose_metrics_without_clashing(clean, slow_site: DemoSite, tmp_path: Path) -> None:
     base = free_port()
-    env = crawl_env(clean, DEMO_SITE_URL=slow_site.url, METRICS_PORT=str(base), METRICS_PORT_RANGE="20",
-                    METRICS_FILE_SD_DIR=str(tmp_path), CONCURRENT_REQUESTS_PER_DOMAIN="2",
-                    SCHEDULER_IDLE_TIMEOUT="2")
+    env = crawl_env(
+        clean,
+        DEMO_SITE_URL=slow_site.url,
+        METRICS_PORT=str(base),
+        METRICS_PORT_RANGE="20",
+        METRICS_FILE_SD_DIR=str(tmp_path),
+        CONCURRENT_REQUESTS_PER_DOMAIN="2",
+        SCHEDULER_IDLE_TIMEOUT="2",
+    )
     procs = [start_crawl(env) for _ in range(2)]
     try:
         files = wait_for(lambda: sorted(tmp_path.glob("*.json")) if len(list(tmp_path.glob("*.json"))) == 2 else None)
@@ -102,12 +109,23 @@ def test_two_processes_expose_metrics_without_clashing(clean, slow_site: DemoSit
 def test_exposition_is_valid_and_holds_no_secret(clean, slow_site: DemoSite, tmp_path: Path) -> None:
     promtool = ensure_binary("promtool", "prometheus")
     port = free_port()
-    database_url = clean.database_url.replace("postgres@", f"postgres:{CANARY}@", 1) \
-        if "postgres@" in clean.database_url else clean.database_url.replace("postgres:@", f"postgres:{CANARY}@", 1)
+    database_url = (
+        clean.database_url.replace("postgres@", f"postgres:{CANARY}@", 1)
+        if "postgres@" in clean.database_url
+        else clean.database_url.replace("postgres:@", f"postgres:{CANARY}@", 1)
+    )
     api = StandIn(CANARY).start()  # the key is really used: pages go through the local API stand-in
-    env = crawl_env(clean, DATABASE_URL=database_url, DEMO_SITE_URL=slow_site.url, METRICS_PORT=str(port),
-                    METRICS_PORT_RANGE="1", METRICS_FILE_SD_DIR=str(tmp_path), SCRAPING_API_KEY=CANARY,
-                    SCRAPING_API_URL=api.url, CONCURRENT_REQUESTS_PER_DOMAIN="2")
+    env = crawl_env(
+        clean,
+        DATABASE_URL=database_url,
+        DEMO_SITE_URL=slow_site.url,
+        METRICS_PORT=str(port),
+        METRICS_PORT_RANGE="1",
+        METRICS_FILE_SD_DIR=str(tmp_path),
+        SCRAPING_API_KEY=CANARY,
+        SCRAPING_API_URL=api.url,
+        CONCURRENT_REQUESTS_PER_DOMAIN="2",
+    )
     proc = start_crawl(env)
     try:
         wait_for(lambda: "scraper_pipeline_seconds_count{" in _try_fetch(port))  # an item was committed
@@ -120,10 +138,17 @@ def test_exposition_is_valid_and_holds_no_secret(clean, slow_site: DemoSite, tmp
     assert 'scraper_api_credits_total{spider="demo"} 0.0' not in text  # credits were spent and counted
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    for name in ("scraper_requests_total", "scraper_queue_depth", "scraper_dupefilter_size",
-                 "scraper_processing_pending_responses", "scraper_processing_max_pending_responses",
-                 "scraper_download_latency_seconds_bucket", "scraper_items_scraped_total",
-                 "scraper_storage_pending_rows", "scraper_pipeline_seconds_count"):
+    for name in (
+        "scraper_requests_total",
+        "scraper_queue_depth",
+        "scraper_dupefilter_size",
+        "scraper_processing_pending_responses",
+        "scraper_processing_max_pending_responses",
+        "scraper_download_latency_seconds_bucket",
+        "scraper_items_scraped_total",
+        "scraper_storage_pending_rows",
+        "scraper_pipeline_seconds_count",
+    ):
         assert f"\n{name}{{" in text, name
 
 
@@ -147,9 +172,14 @@ def test_prometheus_scrapes_a_crawl_and_its_counters_equal_scrapy_stats(clean, t
     )
     prom_port = free_port()
     server = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
     )
     api = f"http://127.0.0.1:{prom_port}/api/v1"
 
@@ -162,9 +192,16 @@ def test_prometheus_scrapes_a_crawl_and_its_counters_equal_scrapy_stats(clean, t
     slow_site = DemoSite(Catalog(products=150), delay_ms=250).start()
     try:
         wait_for(lambda: _ready(prom_port), timeout=60)
-        env = crawl_env(clean, DEMO_SITE_URL=slow_site.url, METRICS_PORT=str(free_port()), METRICS_PORT_RANGE="20",
-                        METRICS_FILE_SD_DIR=str(targets), METRICS_LINGER="4", CONCURRENT_REQUESTS_PER_DOMAIN="2",
-                        CONCURRENT_REQUESTS="2")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=slow_site.url,
+            METRICS_PORT=str(free_port()),
+            METRICS_PORT_RANGE="20",
+            METRICS_FILE_SD_DIR=str(targets),
+            METRICS_LINGER="4",
+            CONCURRENT_REQUESTS_PER_DOMAIN="2",
+            CONCURRENT_REQUESTS="2",
+        )
         proc = start_crawl(env)
         # While the crawl runs, Prometheus finds it through the target file and scrapes it.
         try:
@@ -173,8 +210,9 @@ def test_prometheus_scrapes_a_crawl_and_its_counters_equal_scrapy_stats(clean, t
         except AssertionError:
             proc.proc.kill()
             log = proc.communicate(timeout=30)[1]
-            raise AssertionError("Prometheus never saw the crawl running: "
-                                 f"{fetch(f'{api}/targets')[:1500]}\n{log[-2000:]}") from None
+            raise AssertionError(
+                f"Prometheus never saw the crawl running: {fetch(f'{api}/targets')[:1500]}\n{log[-2000:]}"
+            ) from None
         _out, log = proc.communicate(timeout=180)
         assert proc.returncode == 0, log[-2000:]
         time.sleep(1.5)  # one more evaluation after the last scrape

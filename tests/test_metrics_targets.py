@@ -10,9 +10,10 @@ import urllib.parse
 from pathlib import Path
 
 from conftest import crawl_env, run_scrapy
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import _ready, fetch, free_port, start_crawl, stat, wait_for
 from tools import ensure_binary
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 def test_a_killed_crawls_target_is_swept_and_prometheus_sums_only_the_live(clean, tmp_path: Path) -> None:
@@ -21,9 +22,15 @@ def test_a_killed_crawls_target_is_swept_and_prometheus_sums_only_the_live(clean
     targets.mkdir()
     base = free_port()
     with DemoSite(Catalog(products=40), delay_ms=60) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_PORT=str(base), METRICS_PORT_RANGE="20",
-                        METRICS_FILE_SD_DIR=str(targets), CONCURRENT_REQUESTS_PER_DOMAIN="2",
-                        SCHEDULER_LEASE_TIMEOUT="3")  # the killed crawl's leases come back soon
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            METRICS_PORT=str(base),
+            METRICS_PORT_RANGE="20",
+            METRICS_FILE_SD_DIR=str(targets),
+            CONCURRENT_REQUESTS_PER_DOMAIN="2",
+            SCHEDULER_LEASE_TIMEOUT="3",
+        )  # the killed crawl's leases come back soon
         # Other commands announce nothing.
         assert run_scrapy(env, "queue", "demo", "--json", "--interval", "0.1").returncode == 0
         assert list(targets.glob("*.json")) == []
@@ -43,9 +50,14 @@ def test_a_killed_crawls_target_is_swept_and_prometheus_sums_only_the_live(clean
         )
         prom_port = free_port()
         server = subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "prometheus.log").open("w"),
         )
         try:
             wait_for(lambda: _ready(prom_port), timeout=60)
@@ -62,7 +74,8 @@ def test_a_killed_crawls_target_is_swept_and_prometheus_sums_only_the_live(clean
 
             def last(expr: str) -> float:
                 url = f"http://127.0.0.1:{prom_port}/api/v1/query?query=" + urllib.parse.quote(
-                    f"last_over_time({expr}[2m])")
+                    f"last_over_time({expr}[2m])"
+                )
                 result = json.loads(fetch(url))["data"]["result"]
                 assert result, expr
                 return sum(float(r["value"][1]) for r in result)

@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import psycopg2
 import pytest
-
 from conftest import ROOT
+
 from scraper.cleaning import read_price
 from scraper.cleaning.currency import currency_of, minor_units, territory_of
 from scraper.cleaning.currency_index import INDEX_PATH, build_index
@@ -107,9 +107,9 @@ def test_currency_field_accepts_symbols_and_names(field: str, code: str) -> None
 
 
 def test_minor_units_follow_iso_4217() -> None:
-    assert [minor_units(c) for c in ("JPY", "KRW", "USD", "EUR", "KWD", "BHD", "OMR", "JOD", "TND", "LYD", "IQD", "CLF")] == [
-        0, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 4
-    ]
+    assert [
+        minor_units(c) for c in ("JPY", "KRW", "USD", "EUR", "KWD", "BHD", "OMR", "JOD", "TND", "LYD", "IQD", "CLF")
+    ] == [0, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 4]
 
 
 def test_territory_from_language_tags() -> None:
@@ -140,8 +140,18 @@ def test_price_column_is_widened_in_place_on_a_populated_table(clean) -> None:
         columns = list(ProductItem.columns())
         upserter = TableUpserter("products", columns, ProductItem.key, 3600.0)
         rows = [
-            Row(key=("s", f"sku{n}"), values={c: None for c in columns} | {
-                "source": "s", "sku": f"sku{n}", "title": "t", "price": D(f"{n}99999999.99"), "currency": "USD", "url": "http://x/"})
+            Row(
+                key=("s", f"sku{n}"),
+                values={c: None for c in columns}
+                | {
+                    "source": "s",
+                    "sku": f"sku{n}",
+                    "title": "t",
+                    "price": D(f"{n}99999999.99"),
+                    "currency": "USD",
+                    "url": "http://x/",
+                },
+            )
             for n in range(1, 4)
         ]
         with conn, conn.cursor() as cur:

@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg2
 import scrapy
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scrapy.utils.test import get_crawler
 
 from scraper.items import ProductItem
@@ -24,10 +25,31 @@ from scraper.storage.upsert import Row, TableUpserter
 from scraper.storage.writer import _write_rejects
 
 NASTY = [
-    "12,50 €", "KWD 12.500", "$5", "99 kr", "12,50 â‚¬", "\ufffd", "руб.", "€", "Размер 42",
-    "9. März 2026", "12.11.2026", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00",
-    "http://shop.test/p/1", "javascript:void(0)", "N/A", "", "  ", "\x00", "a\x00b", "\ud800x",
-    "https://schema.org/InStock", "1e400", "-5 €", "$2,000,000,000",
+    "12,50 €",
+    "KWD 12.500",
+    "$5",
+    "99 kr",
+    "12,50 â‚¬",
+    "\ufffd",
+    "руб.",
+    "€",
+    "Размер 42",
+    "9. März 2026",
+    "12.11.2026",
+    "0001-01-01T00:00:00+01:00",
+    "9999-12-31T23:59:59-01:00",
+    "http://shop.test/p/1",
+    "javascript:void(0)",
+    "N/A",
+    "",
+    "  ",
+    "\x00",
+    "a\x00b",
+    "\ud800x",
+    "https://schema.org/InStock",
+    "1e400",
+    "-5 €",
+    "$2,000,000,000",
 ]
 nasty = st.sampled_from(NASTY)
 scalars = st.one_of(
@@ -77,8 +99,7 @@ def test_any_value_in_any_field_ends_as_one_row_or_one_reject(clean) -> None:
     outcomes = {"row": 0, "reject": 0}
 
     # Derandomized: the same examples every run, so the counts below cannot flake.
-    @settings(max_examples=400, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=400, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(products)
     def one(fields: dict[str, Any]) -> None:
         item = ProductItem(**fields)
@@ -89,8 +110,10 @@ def test_any_value_in_any_field_ends_as_one_row_or_one_reject(clean) -> None:
             rejects[record["id"]] = record
             outcomes["reject"] += 1
         else:
-            row = Row(key=tuple(cleaned.get(k) for k in cleaned.key),
-                      values={c: cleaned.get(c) for c in ProductItem.columns()})
+            row = Row(
+                key=tuple(cleaned.get(k) for k in cleaned.key),
+                values={c: cleaned.get(c) for c in ProductItem.columns()},
+            )
             rows[row.key] = row
             outcomes["row"] += 1
             assert isinstance(cleaned["price"], Decimal) and cleaned["currency"].isalpha()
@@ -126,7 +149,12 @@ def test_one_element_lists_are_cleaned_as_their_element() -> None:
     item, reasons, _ = _clean(price=["12,50 €"], title=["  Kettle "], availability=["InStock"], sku=("A1",))
     assert reasons == []
     assert (item["price"], item["currency"], item["title"], item["availability"], item["sku"]) == (
-        Decimal("12.50"), "EUR", "Kettle", "InStock", "A1")
+        Decimal("12.50"),
+        "EUR",
+        "Kettle",
+        "InStock",
+        "A1",
+    )
 
 
 def test_many_values_in_a_scalar_field_are_a_reject_never_a_repr() -> None:

@@ -24,8 +24,7 @@ def test_every_response_observer_sees_each_response_even_after_one_raises(caplog
     request = Request("http://shop.example/p/1")
     response = HtmlResponse(request.url, body=b"<html></html>", request=request)
     with caplog.at_level(logging.ERROR):
-        crawler.signals.send_catch_log(signals.response_received, response=response, request=request,
-                                       spider=None)
+        crawler.signals.send_catch_log(signals.response_received, response=response, request=request, spider=None)
     assert seen == [("http://shop.example/p/1", "http://shop.example/p/1")]
     assert "observer bug" in caplog.text
     # One receiver for all of them, whatever their number.

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import socket
 
 from conftest import crawl_env, run_scrapy, run_scrapy_many
-from scraper.queue import signing
+
 from scraper.demo_site import Catalog, DemoSite
+from scraper.queue import signing
 
 BANNER = "Scrapy 2.19.0 started"
 
@@ -60,7 +60,10 @@ def test_seeds_are_seen_and_dead_letters_are_one_per_request(clean) -> None:
     for result in (seeded, again, requeued, relisted, shown, purged):
         assert BANNER not in result.stderr and not result.stderr, result.stderr
     assert "queued 3 start URL(s) for 'demo'" in seeded.stdout
-    assert "queued 0 start URL(s)" in again.stdout and f"1 URL(s) already seen in this run, not queued again" in again.stdout
+    assert (
+        "queued 0 start URL(s)" in again.stdout
+        and "1 URL(s) already seen in this run, not queued again" in again.stdout
+    )
     # Seeded pages are in the seen-set: the home page (also the start URL) and a product the
     # crawl links to were each fetched once.
     assert hits["/"] == 1 and hits[catalog.product(1).paths[0]] == 1, hits

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from conftest import crawl, crawl_env, scrapy_cmd, ROOT
+from conftest import ROOT, crawl, crawl_env, scrapy_cmd
+
 from scraper.demo_site import Catalog, DemoSite
 
 EXPECTED_REASONS = {
@@ -82,8 +83,9 @@ def test_two_processes_share_one_queue(clean, catalog: Catalog) -> None:
     site = DemoSite(catalog, delay_ms=100).start()
     env = crawl_env(clean, DEMO_SITE_URL=site.url, SCHEDULER_IDLE_TIMEOUT="3", CONCURRENT_REQUESTS_PER_DOMAIN="4")
     procs = [
-        subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 import os
+import re
 import threading
 import time
 import urllib.request
@@ -17,17 +17,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from scrapy.settings import Settings
-
 from conftest import ROOT, crawl_env, run_scrapy
+from scrapy.settings import Settings
+from test_config_errors import check_one_line_error
+from test_metrics import start_crawl, stat
+
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
 from scraper.politeness import limiter, middleware
 from scraper.politeness.keys import inflight_key, waiting_key
 from scraper.politeness.limits import DomainLimit, Limit, parse_overrides, read_policy
 from scraper.scraping_api.standin import StandIn
-from test_config_errors import check_one_line_error
-from test_metrics import start_crawl, stat
 
 # -- settings: parsing and matching ------------------------------------------------------------
 
@@ -45,31 +45,39 @@ def test_overrides_syntax() -> None:
     }
 
 
-@pytest.mark.parametrize("value", [
-    "shop.test",                      # no limits
-    "shop.test=",                     # empty limits
-    "shop.test=rate=2",               # '=' instead of ':'
-    "shop.test=speed:2",              # unknown limit
-    "shop.test=rate:fast",            # not a number
-    "shop.test=rate:-1",
-    "shop.test=rate:nan",
-    "shop.test=concurrency:2.5",      # not a whole number
-    "shop.test=rate:1/rate:2",        # twice in one entry
-    "shop.test=rate:1,shop.test=rate:2",
-    "https://shop.test=rate:1",       # a URL, not a host
-    "shop.test:8080=rate:1",
-    "=rate:1",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "shop.test",  # no limits
+        "shop.test=",  # empty limits
+        "shop.test=rate=2",  # '=' instead of ':'
+        "shop.test=speed:2",  # unknown limit
+        "shop.test=rate:fast",  # not a number
+        "shop.test=rate:-1",
+        "shop.test=rate:nan",
+        "shop.test=concurrency:2.5",  # not a whole number
+        "shop.test=rate:1/rate:2",  # twice in one entry
+        "shop.test=rate:1,shop.test=rate:2",
+        "https://shop.test=rate:1",  # a URL, not a host
+        "shop.test:8080=rate:1",
+        "=rate:1",
+    ],
+)
 def test_malformed_overrides_name_the_setting(value: str) -> None:
     with pytest.raises(ConfigError, match=r"^POLITENESS_OVERRIDES: "):
         parse_overrides(value)
 
 
 def test_most_specific_override_wins_and_shares_its_budget() -> None:
-    policy = read_policy(Settings({
-        "POLITENESS_RATE": "5", "POLITENESS_CONCURRENCY": "8",
-        "POLITENESS_OVERRIDES": "example.com=rate:2,api.example.com=concurrency:1/rate:0",
-    }))
+    policy = read_policy(
+        Settings(
+            {
+                "POLITENESS_RATE": "5",
+                "POLITENESS_CONCURRENCY": "8",
+                "POLITENESS_OVERRIDES": "example.com=rate:2,api.example.com=concurrency:1/rate:0",
+            }
+        )
+    )
     assert policy.for_host("example.com") == DomainLimit("example.com", 2.0, 8)
     # Subdomains count against the override's domain; the other limit stays the default.
     assert policy.for_host("www.example.com") == DomainLimit("example.com", 2.0, 8)
@@ -110,8 +118,9 @@ def test_bad_override_fails_scrapy_crawl_by_name(services) -> None:
 def test_demo_site_logs_arrivals_and_concurrency() -> None:
     with DemoSite(Catalog(products=5), delay_ms=300) as site:
         before = time.monotonic()
-        threads = [threading.Thread(target=lambda: urllib.request.urlopen(site.url, timeout=10).read())
-                   for _ in range(3)]
+        threads = [
+            threading.Thread(target=lambda: urllib.request.urlopen(site.url, timeout=10).read()) for _ in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -161,10 +170,19 @@ def test_retry_after_pauses_the_domain_for_every_reservation(clean) -> None:
     assert 0 < r.pttl("politeness:{a.test}:paused") <= 1500
 
 
-@pytest.mark.parametrize("value, expected", [
-    (b"2", 2.0), (b" 1.5 ", 1.5), (b"0", None), (b"-3", None), (b"soon", None), (None, None),
-    (b"99999", middleware.RETRY_AFTER_MAX), (b"Wed, 21 Oct 2015 07:28:00 GMT", None),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (b"2", 2.0),
+        (b" 1.5 ", 1.5),
+        (b"0", None),
+        (b"-3", None),
+        (b"soon", None),
+        (None, None),
+        (b"99999", middleware.RETRY_AFTER_MAX),
+        (b"Wed, 21 Oct 2015 07:28:00 GMT", None),
+    ],
+)
 def test_retry_after_is_read_as_seconds(value, expected) -> None:
     assert middleware.retry_after_seconds(value) == expected
 
@@ -228,8 +246,14 @@ def test_two_processes_share_one_rate(clean) -> None:
     with DemoSite(catalog) as site:
         # Few requests per process, so the shared queue keeps work for both of them. Eight
         # requests waiting book turns 1.6 s ahead: past POLITENESS_MAX_WAIT, so some wait for room.
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_RATE=str(rate), CONCURRENT_REQUESTS="4",
-                        POLITENESS_MAX_WAIT="1", SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            POLITENESS_RATE=str(rate),
+            CONCURRENT_REQUESTS="4",
+            POLITENESS_MAX_WAIT="1",
+            SCHEDULER_IDLE_TIMEOUT="3",
+        )
         logs = finished([start_crawl(env) for _ in range(2)])
         arrivals = sorted(site.arrivals())
         counts = site.stats()["requests"]
@@ -256,8 +280,14 @@ def test_two_processes_share_one_rate(clean) -> None:
 def test_two_processes_share_one_concurrency_limit(clean) -> None:
     catalog = Catalog(products=30)
     with DemoSite(catalog, delay_ms=100) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_CONCURRENCY="2", CONCURRENT_REQUESTS="8",
-                        CONCURRENT_REQUESTS_PER_DOMAIN="8", SCHEDULER_IDLE_TIMEOUT="2")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            POLITENESS_CONCURRENCY="2",
+            CONCURRENT_REQUESTS="8",
+            CONCURRENT_REQUESTS_PER_DOMAIN="8",
+            SCHEDULER_IDLE_TIMEOUT="2",
+        )
         logs = finished([start_crawl(env) for _ in range(2)])
         counts = site.stats()["requests"]
         most = site.max_in_flight()
@@ -274,9 +304,16 @@ def test_a_page_fetched_through_the_scraping_api_waits_once(clean) -> None:
     # waited for the slot its own target holds would wait forever.
     catalog = Catalog(products=10)
     with DemoSite(catalog, delay_ms=50) as site, StandIn("politeness-test-key") as api:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, SCRAPING_API_KEY="politeness-test-key",
-                        SCRAPING_API_URL=api.url, SCRAPING_API_POLL_INTERVAL="0.05", METRICS_ENABLED="false",
-                        POLITENESS_CONCURRENCY="1", CONCURRENT_REQUESTS_PER_DOMAIN="4")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            SCRAPING_API_KEY="politeness-test-key",
+            SCRAPING_API_URL=api.url,
+            SCRAPING_API_POLL_INTERVAL="0.05",
+            METRICS_ENABLED="false",
+            POLITENESS_CONCURRENCY="1",
+            CONCURRENT_REQUESTS_PER_DOMAIN="4",
+        )
         result = run_scrapy(env, "crawl", "demo", timeout=90)
         served = api.stats()
         counts = site.stats()["requests"]
@@ -289,7 +326,7 @@ def test_a_page_fetched_through_the_scraping_api_waits_once(clean) -> None:
 
 
 # A middleware after the limiter that ends downloads in each way Scrapy allows.
-CHAIN_SPIDER = '''
+CHAIN_SPIDER = """
 import scrapy
 from scrapy.exceptions import DownloadTimeoutError, IgnoreRequest
 from scrapy.http import HtmlResponse
@@ -345,15 +382,20 @@ class ChainSpider(scrapy.Spider):
 
     def failed(self, failure):
         self.crawler.stats.inc_value("chain/done")
-'''
+"""
 
 
 def test_each_download_takes_one_slot_and_gives_it_back(clean, tmp_path: Path) -> None:
     (tmp_path / "chain_spider.py").write_text(CHAIN_SPIDER)
     with DemoSite(Catalog(products=5)) as site:
         # One slot: a slot not given back would stall the crawl (it is renewed while we live).
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_CONCURRENCY="1", SCHEDULER_IDLE_TIMEOUT="1",
-                        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            POLITENESS_CONCURRENCY="1",
+            SCHEDULER_IDLE_TIMEOUT="1",
+            PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+        )
         result = run_scrapy(env, "crawl", "chain", "-s", "SPIDER_MODULES=chain_spider", timeout=90)
     log = result.stderr
     assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
@@ -394,9 +436,15 @@ def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
     assert not [log for log in logs if stat(log, "dead_letters/count")], [log[-2000:] for log in logs]
     assert any("throttles the fleet (429/503)" in log for log in logs)
     # The run report says it: in each node's summary, and in the run's figures.
-    assert any(re.search(r"Politeness: [1-9]\d* pages throttled \(429/503\) and tried again \(\d+ retries, 0 given "
-                         r"up as dead letters\); [\d.]+ s waited for turns; 127\.0\.0\.1 at [\d.]+ requests/s "
-                         r"\(lowest [\d.]+\)", log) for log in logs), [log[-2000:] for log in logs]
+    assert any(
+        re.search(
+            r"Politeness: [1-9]\d* pages throttled \(429/503\) and tried again \(\d+ retries, 0 given "
+            r"up as dead letters\); [\d.]+ s waited for turns; 127\.0\.0\.1 at [\d.]+ requests/s "
+            r"\(lowest [\d.]+\)",
+            log,
+        )
+        for log in logs
+    ), [log[-2000:] for log in logs]
     runs = run_scrapy(crawl_env(clean), "runs", "demo", "--json")
     row = json.loads(runs.stdout.splitlines()[0])
     assert 0 < row["throttled"] <= throttled and row["dead_letters"] == 0, row
@@ -419,8 +467,9 @@ def test_a_declared_rate_at_the_limit_loses_nothing(clean) -> None:
 def test_a_site_that_never_lets_up_ends_in_throttled_dead_letters(clean) -> None:
     catalog = Catalog(products=5)
     with DemoSite(catalog) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_THROTTLED_MAX_WAIT="2",
-                        POLITENESS_ADAPTIVE_MIN_RATE="5")
+        env = crawl_env(
+            clean, DEMO_SITE_URL=site.url, POLITENESS_THROTTLED_MAX_WAIT="2", POLITENESS_ADAPTIVE_MIN_RATE="5"
+        )
         site.limit_rate(0.5)  # every request answered 429
         result = run_scrapy(env, "crawl", "demo")
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -431,7 +480,9 @@ def test_a_site_that_never_lets_up_ends_in_throttled_dead_letters(clean) -> None
     assert stat(result.stderr, "retry/count") == 2, result.stderr[-3000:]
     assert "Gave up retrying <GET http" in result.stderr and "robots.txt> (failed 3 times)" in result.stderr
     # A run that lost its pages to dead letters is not ok.
-    assert re.search(r"FAIL\s+dead_letters\s+expected <= 5%, observed [1-9]\d\.\d%", result.stderr), result.stderr[-3000:]
+    assert re.search(r"FAIL\s+dead_letters\s+expected <= 5%, observed [1-9]\d\.\d%", result.stderr), result.stderr[
+        -3000:
+    ]
     shown = run_scrapy(env, "dlq", "list", "demo")
     assert "throttled" in shown.stdout, shown.stdout
 
@@ -440,15 +491,18 @@ def test_robots_crawl_delay_is_the_fleets_ceiling_and_requests_arrive_spaced(cle
     delay = 0.2  # 5 requests/s for the whole fleet, though the spider declares far more
     catalog = Catalog(products=30)  # 42 pages and 2 robots.txt: ~8 s at 5 requests/s
     with DemoSite(catalog, crawl_delay=delay) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_RATE="50", CONCURRENT_REQUESTS="8",
-                        SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean, DEMO_SITE_URL=site.url, POLITENESS_RATE="50", CONCURRENT_REQUESTS="8", SCHEDULER_IDLE_TIMEOUT="3"
+        )
         logs = finished([start_crawl(env) for _ in range(2)])
         arrivals = sorted(site.arrivals())
         counts = site.stats()["requests"]
     assert sorted(p for p in counts if p != "/robots.txt") == sorted(catalog.pages())
     valid_rows(clean, catalog)
-    assert all("asks Crawl-delay: 0.2 s: the fleet sends it at most 5 requests/s (under the declared 50)" in log
-               for log in logs), [log[-3000:] for log in logs]
+    assert all(
+        "asks Crawl-delay: 0.2 s: the fleet sends it at most 5 requests/s (under the declared 50)" in log
+        for log in logs
+    ), [log[-3000:] for log in logs]
     # Each node fetched robots.txt before its first turn: take the arrivals after both did.
     pages = arrivals[2:]
     span = pages[-1] - pages[0]
@@ -468,9 +522,16 @@ def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_n
         # target site has a limit of its own, which only its own 429s reveal.
         api.configure(rules=[{"status": 429, "count": 3, "after": 5, "retry_after": 1}])
         site.limit_rate(8)
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, SCRAPING_API_KEY="politeness-test-key",
-                        SCRAPING_API_URL=api.url, SCRAPING_API_POLL_INTERVAL="0.05", METRICS_ENABLED="false",
-                        CONCURRENT_REQUESTS="8", SCRAPING_API_RETRY_BACKOFF="0.2")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            SCRAPING_API_KEY="politeness-test-key",
+            SCRAPING_API_URL=api.url,
+            SCRAPING_API_POLL_INTERVAL="0.05",
+            METRICS_ENABLED="false",
+            CONCURRENT_REQUESTS="8",
+            SCRAPING_API_RETRY_BACKOFF="0.2",
+        )
         result = run_scrapy(env, "crawl", "demo", timeout=120)
         target = site.stats()
     log = result.stderr
@@ -495,8 +556,13 @@ def test_a_bot_walls_403_challenge_is_a_throttle_answer_and_loses_no_page(clean)
         challenged = site.stats()["throttled"]
         site.reset_stats()
         site.limit_rate(0.5, answer=403)
-        off = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_BLOCK_PATTERN="off"), "crawl", "demo",
-                         "-s", "SCHEDULER_FLUSH_ON_START=true")
+        off = run_scrapy(
+            crawl_env(clean, DEMO_SITE_URL=site.url, POLITENESS_BLOCK_PATTERN="off"),
+            "crawl",
+            "demo",
+            "-s",
+            "SCHEDULER_FLUSH_ON_START=true",
+        )
     log = result.stderr
     assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
     valid_rows(clean, catalog)  # every page stored: each challenged one was tried again, slower

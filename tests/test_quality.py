@@ -13,9 +13,10 @@ import re
 import socket
 
 from conftest import crawl_env, run_scrapy
-from scraper.demo_site import Catalog, DemoSite
 from test_config_errors import check_one_line_error
 from test_metrics import fetch, start_crawl, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 PRODUCTS = 40
 
@@ -27,8 +28,10 @@ def free_port() -> int:
 
 
 def checks(query, run_id: int) -> dict[tuple[str, str], tuple[bool | None, str, str]]:
-    rows = query('SELECT "check", subject, passed, note, observed FROM run_checks WHERE spider = %s AND run_id = %s',
-                 ("demo", run_id))
+    rows = query(
+        'SELECT "check", subject, passed, note, observed FROM run_checks WHERE spider = %s AND run_id = %s',
+        ("demo", run_id),
+    )
     return {(check, subject): (passed, note, observed) for check, subject, passed, note, observed in rows}
 
 
@@ -56,8 +59,14 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         got = checks(clean.query, 2)
         assert not [k for k, (passed, *_) in got.items() if passed is False], got
         # Every run-over-run figure was compared, not skipped.
-        for check in ("items_stored", "pages_per_item", "error_responses", "blocked_responses", "empty_responses",
-                      "gone"):
+        for check in (
+            "items_stored",
+            "pages_per_item",
+            "error_responses",
+            "blocked_responses",
+            "empty_responses",
+            "gone",
+        ):
             assert got[(check, "")][0] is True, (check, got)
         assert got[("coverage", "ProductItem.brand")][0] is True and got[("rejects", "price")][0] is True
         assert got[("price_pairs", "ProductItem.price")][0] is True
@@ -84,12 +93,18 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         assert held > 0 and not clean.query("SELECT 1 FROM rejects WHERE reasons LIKE '%%held%%'")
         # What was blanked before the guard had seen enough items was written back, and the history
         # says both: each blank of run 3 has its restoration.
-        blanked = clean.query("SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'crawl' "
-                              "AND changes->'brand'->1 = 'null'::jsonb ORDER BY 1")
-        restored = clean.query("SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'guard' "
-                               "AND changes ? 'brand' ORDER BY 1")
+        blanked = clean.query(
+            "SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'crawl' "
+            "AND changes->'brand'->1 = 'null'::jsonb ORDER BY 1"
+        )
+        restored = clean.query(
+            "SELECT key::text FROM item_changes WHERE run_id = 3 AND reason = 'guard' AND changes ? 'brand' ORDER BY 1"
+        )
         assert blanked == restored and len(blanked) <= 10, (blanked, restored)
-        assert "more rejects for price +" in got[("items_stored", "")][1] and "held for brand " in got[("items_stored", "")][1]
+        assert (
+            "more rejects for price +" in got[("items_stored", "")][1]
+            and "held for brand " in got[("items_stored", "")][1]
+        )
         # What the new layout did not touch is not flagged (with the broken items held, fewer
         # than QUALITY_MIN_ITEMS may be stored: then their coverage is skipped, not failed).
         assert got[("coverage", "ProductItem.title")][0] is not False
@@ -101,7 +116,10 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         affected = clean.query("SELECT affected FROM run_quality WHERE run_id = 3")[0][0]
         assert "ProductItem.brand" in affected and "price" in affected, affected
         assert clean.query("SELECT run_id, outcome, baseline FROM run_quality ORDER BY run_id") == [
-            (1, "ok", []), (2, "ok", [1]), (3, "degraded", [2, 1])]
+            (1, "ok", []),
+            (2, "ok", [1]),
+            (3, "degraded", [2, 1]),
+        ]
 
         # The report on demand, and the outcome among the runs.
         shown = run_scrapy(env, "runs", "demo", "--report", "3")
@@ -116,8 +134,17 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         # expectation, the last run degraded; and without QUALITY_FAIL_EXIT the exit status is 0.
         site.delay = 0.1
         port = free_port()
-        crawl = start_crawl(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="1", QUALITY_FAIL_EXIT="0",
-                                      RUNS_REPORT_INTERVAL="0.2", METRICS_PORT=str(port), METRICS_PORT_RANGE="1"))
+        crawl = start_crawl(
+            crawl_env(
+                clean,
+                DEMO_SITE_URL=site.url,
+                CONCURRENT_REQUESTS="1",
+                QUALITY_FAIL_EXIT="0",
+                RUNS_REPORT_INTERVAL="0.2",
+                METRICS_PORT=str(port),
+                METRICS_PORT_RANGE="1",
+            )
+        )
 
         def scraped() -> str | None:
             try:
@@ -149,8 +176,12 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
 
         # QUALITY_ON_BREAK=stop: the spider closes at the break, no more pages fetched, exit 3.
         site.delay = 0.05
-        stopped = crawl_run(crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop",
-                                      QUALITY_FAIL_EXIT="1"), expect_status=3)
+        stopped = crawl_run(
+            crawl_env(
+                clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop", QUALITY_FAIL_EXIT="1"
+            ),
+            expect_status=3,
+        )
         assert "stopping the spider (QUALITY_ON_BREAK=stop)" in stopped, stopped[-3000:]
         assert "'finish_reason': 'quality_break'" in stopped, stopped[-3000:]
         pages = int(re.search(r"'response_received_count': (\d+)", stopped).group(1))
@@ -169,7 +200,9 @@ def test_a_run_that_stops_early_is_not_compared(clean) -> None:
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Data quality of run 3 of demo: OK (0 of" in result.stderr, result.stderr[-3000:]
     assert clean.query("SELECT run_id, outcome, baseline FROM run_quality ORDER BY run_id") == [
-        (1, "ok", []), (3, "ok", [1])]
+        (1, "ok", []),
+        (3, "ok", [1]),
+    ]
     assert clean.query("SELECT finish_reason FROM crawl_runs WHERE run_id = 2") == [("discarded",)]
     shown = run_scrapy(env, "runs", "demo", "--report", "2")
     assert shown.returncode == 1 and "run 2 of demo has no data-quality report" in shown.stderr
@@ -184,7 +217,7 @@ def test_demo_drill_ends_with_the_failed_checks(clean) -> None:
     assert "demo: Data quality of run 1 of demo: OK" in good.stdout, good.stdout
     drill = run_scrapy(env, "demo", "--products", str(PRODUCTS), "--port", port, "--break-layout")
     assert drill.returncode == 0, drill.stderr[-3000:]
-    tail = drill.stdout[drill.stdout.index("Data quality of run 2"):]
+    tail = drill.stdout[drill.stdout.index("Data quality of run 2") :]
     assert "DEGRADED" in tail.splitlines()[0], tail
     assert re.search(r"failed: .*items_stored.*guard ProductItem\.brand", tail), tail
     assert "more rejects for price" in tail

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from conftest import crawl_env, run_scrapy, run_scrapy_many
+
 from scraper.demo_site import Catalog, DemoSite
 
 PRODUCTS = 40
@@ -25,8 +26,9 @@ def rows(query: Any) -> list[tuple[Any, ...]]:
 
 def changes(query: Any, run_id: int | None = None) -> list[tuple[Any, ...]]:
     where = "" if run_id is None else f"WHERE run_id = {int(run_id)}"
-    return query(f"SELECT item_table, key::text, kind, reason, run_id, changes::text FROM item_changes {where} "
-                 "ORDER BY id")
+    return query(
+        f"SELECT item_table, key::text, kind, reason, run_id, changes::text FROM item_changes {where} ORDER BY id"
+    )
 
 
 def crawl(env: dict[str, str], workers: int = 1) -> list[str]:
@@ -96,7 +98,7 @@ def test_a_broken_run_of_two_workers_holds_then_discard_apply_and_revert(clean) 
         crawl({**env, "QUALITY_ON_BREAK": "continue"})
         assert rows(clean.query) == after_apply
         assert clean.query("SELECT count(*) FROM held_changes")[0][0] == 0
-        assert history_good == changes(clean.query)[:len(history_good)]
+        assert history_good == changes(clean.query)[: len(history_good)]
 
 
 def test_apply_and_revert_refuse_what_they_cannot_do(clean) -> None:
@@ -115,8 +117,10 @@ def test_prices_are_compared_item_by_item_and_a_shrunk_run_marks_its_rows_gone(c
         # them right, and item by item every known price jumped.
         clean.query("UPDATE products SET price = price * 1000, content_hash = md5(sku)")
         crawl(env)
-        (passed, note), = clean.query("SELECT passed, note FROM run_checks WHERE run_id = 2 "
-                                      "AND \"check\" = 'price_pairs' AND subject = 'ProductItem.price'")
+        ((passed, note),) = clean.query(
+            "SELECT passed, note FROM run_checks WHERE run_id = 2 "
+            "AND \"check\" = 'price_pairs' AND subject = 'ProductItem.price'"
+        )
         # (One product is free: 0 stays 0.)
         assert passed is False and note.startswith("35 of 36 prices"), note
         assert "ProductItem.price" in clean.query("SELECT affected FROM run_quality WHERE run_id = 2")[0][0]
@@ -137,13 +141,15 @@ def test_a_spike_of_rejects_holds_the_gone_marks_of_their_live_rows(clean) -> No
         crawl(env)
         good = rows(clean.query)
         site.break_layout(0.5, parts=("price",))
-        log, = crawl(env)
+        (log,) = crawl(env)
         said = re.search(r"Data quality broke in this run \(seen by this node\): items rejected for (.*); holding", log)
         assert said and "price " in said.group(1), log[-3000:]
         assert rows(clean.query) == good  # no row the site still serves marked gone
         held = clean.query("SELECT count(*) FROM held_changes WHERE run_id = 3 AND kind = 'gone'")[0][0]
         rejected = clean.query("SELECT count(DISTINCT url) FROM rejects WHERE reasons LIKE 'price%%'")[0][0]
         assert held > 0 and held <= rejected, (held, rejected)
-        (passed, expected), = clean.query("SELECT passed, expected FROM run_checks WHERE run_id = 3 "
-                                          "AND \"check\" = 'guard' AND subject = 'rejects/price'")
+        ((passed, expected),) = clean.query(
+            "SELECT passed, expected FROM run_checks WHERE run_id = 3 "
+            "AND \"check\" = 'guard' AND subject = 'rejects/price'"
+        )
         assert passed is False and expected.startswith("<= "), expected

@@ -131,8 +131,13 @@ def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:
     from scrapy.http.request import NO_CALLBACK
     from scrapy.utils.datatypes import SequenceExclude
 
-    queue.push(scrapy.Request("http://127.0.0.1/robots.txt", callback=NO_CALLBACK,
-                              meta={"handle_httpstatus_list": SequenceExclude(range(300, 400))}))
+    queue.push(
+        scrapy.Request(
+            "http://127.0.0.1/robots.txt",
+            callback=NO_CALLBACK,
+            meta={"handle_httpstatus_list": SequenceExclude(range(300, 400))},
+        )
+    )
     json.loads(signing.unwrap(queue.server.zrange(queue.key, 0, 0)[0]))
     got = queue.pop()
     assert got.callback is NO_CALLBACK

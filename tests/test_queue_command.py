@@ -6,8 +6,9 @@ import json
 import re
 
 from conftest import crawl_env, run_scrapy
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 def test_queue_command_and_progress_line_during_a_crawl(clean) -> None:
@@ -22,7 +23,9 @@ def test_queue_command_and_progress_line_during_a_crawl(clean) -> None:
     assert row["spider"] == "demo" and row["nodes"] == 1
     assert row["depth"] > 0 and row["oldest_age"] > 0 and row["seen"] > row["depth"]
     assert row["pages_per_min"] > 0 and 0 <= row["inflight"] <= 2 + 4  # downloads + prefetched
-    progress = re.findall(r"Progress: (\d+) pages \((\d+)/min\), (\d+) items stored .* queue (\d+) \(oldest (\d+) s\)", log)
+    progress = re.findall(
+        r"Progress: (\d+) pages \((\d+)/min\), (\d+) items stored .* queue (\d+) \(oldest (\d+) s\)", log
+    )
     assert len(progress) >= 2 and int(progress[-1][0]) > int(progress[0][0])
 
 

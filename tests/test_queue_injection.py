@@ -7,6 +7,7 @@ import stat
 
 import pytest
 import scrapy
+from conftest import crawl_env, run_scrapy
 from scrapy.settings import Settings
 
 from scraper.config import ConfigError
@@ -17,7 +18,6 @@ from scraper.queue.requests import request_to_dict
 from scraper.redis_client import get_redis
 from scraper.secrets import redact
 from scraper.spiders.demo import DemoSpider
-from conftest import crawl_env, run_scrapy
 
 
 def _letters(env: dict[str, str]) -> list[str]:
@@ -36,20 +36,31 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
         queue = PriorityQueue(get_redis(clean.redis_url), DemoSpider(), "{demo}:requests")
         spider = queue.spider
         forged = [
-            scrapy.Request(internal.origin + "/latest/meta-data/iam/security-credentials/",
-                           callback=spider.parse_product, dont_filter=True),
-            scrapy.Request(internal.origin + "/admin/delete", method="POST", body=b"all=1",
-                           headers={"X-Admin": "1"}, callback=spider.parse_product, dont_filter=True),
-            scrapy.Request("http://169.254.169.254/latest/meta-data/", callback=spider.parse_product,
-                           dont_filter=True),
+            scrapy.Request(
+                internal.origin + "/latest/meta-data/iam/security-credentials/",
+                callback=spider.parse_product,
+                dont_filter=True,
+            ),
+            scrapy.Request(
+                internal.origin + "/admin/delete",
+                method="POST",
+                body=b"all=1",
+                headers={"X-Admin": "1"},
+                callback=spider.parse_product,
+                dont_filter=True,
+            ),
+            scrapy.Request("http://169.254.169.254/latest/meta-data/", callback=spider.parse_product, dont_filter=True),
             scrapy.Request(secret_file.as_uri(), callback=spider.parse_product, dont_filter=True),
         ]
         for request in forged:
             queue.push(request)
         # Written by someone without the fleet secret: plain JSON, and signed with another key.
         product = catalog.valid_products()[0]
-        plain = serializer.dumps(request_to_dict(
-            scrapy.Request(internal.origin + "/p/unsigned.html", callback=spider.parse_product), spider, {}))
+        plain = serializer.dumps(
+            request_to_dict(
+                scrapy.Request(internal.origin + "/p/unsigned.html", callback=spider.parse_product), spider, {}
+            )
+        )
         redis = get_redis(clean.redis_url)
         redis.zadd("{demo}:requests", {plain: 0})
         redis.zadd("{demo}:requests", {signing.Signer("not-the-fleet-secret").sign(plain): 0})
@@ -125,8 +136,18 @@ def test_the_boundary_refuses_internal_addresses_and_hosts_outside_allowed_domai
     assert on_domains("shop.test", Shop.allowed_domains) and on_domains("www.shop.test", Shop.allowed_domains)
     assert not on_domains("evilshop.test", Shop.allowed_domains)
     assert not on_domains("169.254.169.254", Shop.allowed_domains)
-    refused = ("127.0.0.1", "10.2.0.1", "192.168.1.1", "169.254.169.254", "::1", "fe80::1", "0.0.0.0",
-               "::ffff:127.0.0.1", "100.64.0.1", "224.0.0.1")
+    refused = (
+        "127.0.0.1",
+        "10.2.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "::1",
+        "fe80::1",
+        "0.0.0.0",
+        "::ffff:127.0.0.1",
+        "100.64.0.1",
+        "224.0.0.1",
+    )
     assert all(forbidden(a, boundary.allowed) for a in refused)
     assert not forbidden("10.1.2.3", boundary.allowed) and not forbidden("93.184.216.34", boundary.allowed)
     with pytest.raises(ConfigError, match="^FETCH_ALLOW_NETWORKS"):
@@ -139,8 +160,16 @@ def test_a_processing_stream_entry_without_the_fleet_signature_is_refused() -> N
     from scraper.processing import entry as entries
     from scraper.queue import serializer as json
 
-    head = json.dumps({"url": "http://shop.test/p/1.html", "status": 200, "headers": [], "flags": [],
-                       "run": None, "request": {"url": "http://shop.test/p/1.html"}})
+    head = json.dumps(
+        {
+            "url": "http://shop.test/p/1.html",
+            "status": 200,
+            "headers": [],
+            "flags": [],
+            "run": None,
+            "request": {"url": "http://shop.test/p/1.html"},
+        }
+    )
     body = zlib.compress(b"<html>planted</html>")
     for signature in (b"", signing.Signer("stolen-0123456789").tag(head + b"\0" + body)):
         with pytest.raises(signing.UnsignedEntry):

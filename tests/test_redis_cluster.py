@@ -8,17 +8,14 @@ and land wherever their domain hashes.
 from __future__ import annotations
 
 import json
-import signal
-from typing import Iterator
+from collections.abc import Iterator
 
-import psycopg2
 import pytest
-import redis
-
 from conftest import Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, run_scrapy_many
 from redis_cluster import LocalCluster
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +52,13 @@ def test_two_workers_crawl_the_demo_shop_through_a_cluster(on_cluster: Services,
     catalog = Catalog(products=120)
     with DemoSite(catalog, delay_ms=20) as site:
         # Fleet-wide politeness on: its scripts run on the master of the site's own tag.
-        env = crawl_env(on_cluster, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8", POLITENESS_CONCURRENCY="6",
-                        POLITENESS_RATE="500")
+        env = crawl_env(
+            on_cluster,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="8",
+            POLITENESS_CONCURRENCY="6",
+            POLITENESS_RATE="500",
+        )
         workers = run_scrapy_many(env, ("crawl", "demo"), ("crawl", "demo"), timeout=240)
         counts = site.stats()["requests"]
     for worker in workers:
@@ -92,13 +94,22 @@ def test_a_sharded_frontier_spreads_one_spider_over_every_master(on_cluster: Ser
 
     shards = Shards("demo", 3)
     catalog = Catalog(products=60)
-    with DemoSite(catalog, delay_ms=80) as one, DemoSite(catalog, host="127.0.0.2", delay_ms=80) as two, \
-            DemoSite(catalog, host="127.0.0.3", delay_ms=80) as three:
+    with (
+        DemoSite(catalog, delay_ms=80) as one,
+        DemoSite(catalog, host="127.0.0.2", delay_ms=80) as two,
+        DemoSite(catalog, host="127.0.0.3", delay_ms=80) as three,
+    ):
         sites = (one, two, three)
         assert sorted(shards.of_url(site.url) for site in sites) == [0, 1, 2]
         # The Bloom backend here (the set one in the other tests): one filter per shard.
-        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3",
-                        DUPEFILTER_BACKEND="bloom", DUPEFILTER_BLOOM_CAPACITY="30000")
+        env = crawl_env(
+            on_cluster,
+            DEMO_SITE_URL=one.url,
+            CONCURRENT_REQUESTS="8",
+            SCHEDULER_SHARDS="3",
+            DUPEFILTER_BACKEND="bloom",
+            DUPEFILTER_BLOOM_CAPACITY="30000",
+        )
         seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
         assert seeded.returncode == 0 and "queued 2 start URL(s)" in seeded.stdout, seeded.stderr[-2000:]
         workers = [start_crawl(env) for _ in range(2)]
@@ -162,8 +173,13 @@ def test_a_master_killed_mid_crawl_fails_over_with_nothing_lost(doomed_cluster: 
     catalog = Catalog(products=240)
     home = cluster.master_of("{demo}")
     with DemoSite(catalog, delay_ms=60) as site:
-        env = crawl_env(on_cluster, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8", SCHEDULER_LEASE_TIMEOUT="5",
-                        SCHEDULER_IDLE_TIMEOUT="5")
+        env = crawl_env(
+            on_cluster,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="8",
+            SCHEDULER_LEASE_TIMEOUT="5",
+            SCHEDULER_IDLE_TIMEOUT="5",
+        )
         workers = [start_crawl(env) for _ in range(2)]
         wait_for(lambda: site.stats()["total"] > 60, timeout=90)
         cluster.kill(home)  # SIGKILL: no goodbye to the cluster; its replica is promoted
@@ -216,8 +232,9 @@ def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Serv
         assert server.zcard("{demo}:requests") == 0  # in a shard, not in the unsharded queue
         second = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stderr.count("SCHEDULER_SHARDS=1 not applied: the current run of demo has its frontier in 3 "
-                               "shards") == 1, second.stderr[-3000:]
+    assert (
+        second.stderr.count("SCHEDULER_SHARDS=1 not applied: the current run of demo has its frontier in 3 shards") == 1
+    ), second.stderr[-3000:]
     assert "resuming run 2 of demo (1 queued)" in second.stderr, second.stderr[-3000:]
     assert "Spider closed (finished)" in second.stderr
     assert_each_product_stored_or_rejected_once(clean.query, catalog)
@@ -229,14 +246,18 @@ def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Serv
         server.hset("{demo}:run", mapping={"id": 3, "state": "stopped", "shards": 3})
         third = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo", "--fresh")
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "Discarded the 3 shards of the current run of demo (--fresh): 1 queued or leased requests dropped" \
-        in third.stderr, third.stderr[-3000:]
+    assert (
+        "Discarded the 3 shards of the current run of demo (--fresh): 1 queued or leased requests dropped"
+        in third.stderr
+    ), third.stderr[-3000:]
     assert "SCHEDULER_SHARDS=1 not applied" not in third.stderr
     assert server.hget("{demo}:run", "shards") == b"1" and server.hget("{demo}:run", "id") == b"4"
     assert not [k for k in server.keys("{demo/*")], server.keys("*")
 
 
-def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(doomed_cluster: tuple[Services, LocalCluster]) -> None:
+def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(
+    doomed_cluster: tuple[Services, LocalCluster],
+) -> None:
     """The links a page yields may sit on another master than its lease: a lease is acknowledged
     only once a replica holds them, so a master dying with them unreplicated loses nothing."""
     on_cluster, cluster = doomed_cluster
@@ -244,14 +265,26 @@ def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(doomed_cluster
 
     shards = Shards("demo", 3)
     catalog = Catalog(products=80)
-    with DemoSite(catalog, delay_ms=60) as one, DemoSite(catalog, host="127.0.0.2", delay_ms=60) as two, \
-            DemoSite(catalog, host="127.0.0.3", delay_ms=60) as three:
+    with (
+        DemoSite(catalog, delay_ms=60) as one,
+        DemoSite(catalog, host="127.0.0.2", delay_ms=60) as two,
+        DemoSite(catalog, host="127.0.0.3", delay_ms=60) as three,
+    ):
         sites = (one, two, three)
         # The master of a shard that is not the one of the run's own record.
-        victim = next(port for port in (cluster.master_of(shards.queue_key(shards.of_url(s.url))) for s in sites)
-                      if port != cluster.master_of("{demo}"))
-        env = crawl_env(on_cluster, DEMO_SITE_URL=one.url, CONCURRENT_REQUESTS="8", SCHEDULER_SHARDS="3",
-                        SCHEDULER_LEASE_TIMEOUT="5", SCHEDULER_IDLE_TIMEOUT="5")
+        victim = next(
+            port
+            for port in (cluster.master_of(shards.queue_key(shards.of_url(s.url))) for s in sites)
+            if port != cluster.master_of("{demo}")
+        )
+        env = crawl_env(
+            on_cluster,
+            DEMO_SITE_URL=one.url,
+            CONCURRENT_REQUESTS="8",
+            SCHEDULER_SHARDS="3",
+            SCHEDULER_LEASE_TIMEOUT="5",
+            SCHEDULER_IDLE_TIMEOUT="5",
+        )
         seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
         assert seeded.returncode == 0, seeded.stderr[-2000:]
         workers = [start_crawl(env) for _ in range(2)]
@@ -270,6 +303,7 @@ def test_a_sharded_crawl_survives_the_failover_of_a_shards_master(doomed_cluster
     assert_each_product_stored_or_rejected_once(on_cluster.query, catalog)
     assert cluster.node(cluster.master_of("{demo}")).hget("{demo}:run", "state") == b"finished"
     # The acknowledgements waited for the replicas (WAIT on the masters that kept theirs).
-    waits = sum(int(cluster.node(p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
-                for p in cluster.masters())
+    waits = sum(
+        int(cluster.node(p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0)) for p in cluster.masters()
+    )
     assert waits > 0

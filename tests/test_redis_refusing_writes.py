@@ -10,11 +10,11 @@ import time
 
 import pytest
 import redis
-
 from conftest import assert_each_product_stored_or_rejected_once, crawl_env
+from test_metrics import start_crawl, wait_for
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.redis_client import UNREACHABLE, register_script, unreachable_reason
-from test_metrics import start_crawl, wait_for
 
 
 @pytest.fixture
@@ -22,8 +22,22 @@ def own_redis(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                             str(tmp_path), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "/usr/bin/redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp_path),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port)
 
     def answers() -> bool:
@@ -64,8 +78,14 @@ def test_crawl_waits_out_redis_at_maxmemory(clean, own_redis) -> None:
     url = f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0"
     own_redis.config_set("maxmemory-policy", "noeviction")
     with DemoSite(catalog, delay_ms=40) as site:
-        env = crawl_env(clean, REDIS_URL=url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
-                        SCHEDULER_IDLE_TIMEOUT="3", SCHEDULER_LEASE_TIMEOUT="5")
+        env = crawl_env(
+            clean,
+            REDIS_URL=url,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            SCHEDULER_IDLE_TIMEOUT="3",
+            SCHEDULER_LEASE_TIMEOUT="5",
+        )
         crawl = start_crawl(env)
         wait_for(lambda: site.stats()["total"] > 30, timeout=60, step=0.05)
         own_redis.config_set("maxmemory", "1")

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import redis
-
 from conftest import assert_each_product_stored_or_rejected_once, crawl_env
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 def test_crawl_survives_its_redis_connections_being_killed(clean) -> None:
@@ -57,8 +57,21 @@ class StoppableRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-             "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         client = redis.Redis.from_url(self.url)
         wait_for(lambda: _answers(client), timeout=20, step=0.05)
 
@@ -81,8 +94,14 @@ def test_crawl_waits_out_a_redis_restart(clean, tmp_path: Path) -> None:
     catalog = Catalog(products=120)
     try:
         with DemoSite(catalog, delay_ms=50) as site:
-            env = crawl_env(clean, REDIS_URL=server.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
-                            SCHEDULER_IDLE_TIMEOUT="3", SCHEDULER_LEASE_TIMEOUT="5")
+            env = crawl_env(
+                clean,
+                REDIS_URL=server.url,
+                DEMO_SITE_URL=site.url,
+                CONCURRENT_REQUESTS="4",
+                SCHEDULER_IDLE_TIMEOUT="3",
+                SCHEDULER_LEASE_TIMEOUT="5",
+            )
             crawl = start_crawl(env)
             wait_for(lambda: site.stats()["total"] > 40, timeout=60, step=0.05)
             server.stop()

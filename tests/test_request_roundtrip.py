@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scrapy import Request, Spider
 from scrapy.http import FormRequest
 
@@ -22,11 +23,15 @@ class _Spider(Spider):
 
 SPIDER = _Spider()
 # Strings that look like the serializer's tags ("$b", "$d", …) and plain ones.
-text = st.one_of(st.text(max_size=8), st.sampled_from(["$b", "$d", "$x", "$", "\"$", "utf-8", "GET", "", "verbatim_url"]))
-scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), text,
-                   st.floats(allow_nan=False, allow_infinity=False))
-json_like = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                         st.dictionaries(text, inner, max_size=3)), max_leaves=8)
+text = st.one_of(
+    st.text(max_size=8), st.sampled_from(["$b", "$d", "$x", "$", '"$', "utf-8", "GET", "", "verbatim_url"])
+)
+scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), text, st.floats(allow_nan=False, allow_infinity=False)
+)
+json_like = st.recursive(
+    scalar, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(text, inner, max_size=3)), max_leaves=8
+)
 header_name = st.text(alphabet="abcdefXYZ-", min_size=1, max_size=6)
 header_value = st.text(alphabet="abc 123;=$", max_size=8)
 
@@ -37,8 +42,12 @@ def requests(draw):
         # A rebuilt request takes its stored URL as it is (it was escaped when first built):
         # hosts to encode, spaces, "%", non-ASCII and fragments show that nothing changes.
         url=draw(st.sampled_from(["http://shop.test/", "https://bücher.example/", "http://EXAMPLE.com:8080/a b"]))
-        + draw(st.one_of(st.text(alphabet="abc/?=&", max_size=10),
-                         st.text(st.characters(blacklist_categories=("Cs",)), max_size=10))),
+        + draw(
+            st.one_of(
+                st.text(alphabet="abc/?=&", max_size=10),
+                st.text(st.characters(blacklist_categories=("Cs",)), max_size=10),
+            )
+        ),
         callback=draw(st.sampled_from([None, SPIDER.parse])),
         errback=draw(st.sampled_from([None, SPIDER.failed])),
         method=draw(st.sampled_from(["GET", "POST", "HEAD", "PUT"])),
@@ -77,8 +86,11 @@ def test_a_queued_request_comes_back_unchanged(request: Request) -> None:
         assert type(getattr(back, attr)) is type(getattr(request, attr)), attr
 
 
-headers_like = st.dictionaries(st.one_of(st.binary(max_size=6), text),
-                               st.one_of(st.lists(st.binary(max_size=6), max_size=3), json_like), max_size=3)
+headers_like = st.dictionaries(
+    st.one_of(st.binary(max_size=6), text),
+    st.one_of(st.lists(st.binary(max_size=6), max_size=3), json_like),
+    max_size=3,
+)
 
 
 @settings(max_examples=300, deadline=None)

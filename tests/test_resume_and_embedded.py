@@ -8,9 +8,9 @@ import subprocess
 import time
 
 import psycopg2
+from conftest import ROOT, crawl, crawl_env, run_scrapy, scrapy_cmd
 from scrapy.settings import Settings
 
-from conftest import ROOT, crawl, crawl_env, run_scrapy, scrapy_cmd
 from scraper import backends
 from scraper.demo_site import Catalog, DemoSite
 
@@ -19,8 +19,9 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
     site = DemoSite(catalog, delay_ms=50).start()
     try:
         env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS_PER_DOMAIN="2")
-        proc = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 60
         while site.stats()["total"] < 30 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -51,8 +52,12 @@ def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site
     assert "starting run 1 of demo" in first.stderr
     # Only the run's record is left: state finished, and its figures for `scrapy runs`.
     server = clean.redis()
-    assert sorted(server.keys("{demo}:*")) == [b"{demo}:run", b"{demo}:run:1:figures", b"{demo}:run:1:marker",
-                                              b"{demo}:run:1:quality"]
+    assert sorted(server.keys("{demo}:*")) == [
+        b"{demo}:run",
+        b"{demo}:run:1:figures",
+        b"{demo}:run:1:marker",
+        b"{demo}:run:1:quality",
+    ]
     assert server.hget("{demo}:run", "state") == b"finished"
     site.reset_stats()
     second = crawl(clean, site)
@@ -62,8 +67,9 @@ def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site
 
 def test_embedded_default_stores_the_catalog_and_keeps_it(tmp_path, site: DemoSite, catalog: Catalog) -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
-    env.update(DATA_DIR=str(tmp_path / "data"), DEMO_SITE_URL=site.url, SCHEDULER_IDLE_TIMEOUT="1",
-               PYTHONPATH=str(ROOT))
+    env.update(
+        DATA_DIR=str(tmp_path / "data"), DEMO_SITE_URL=site.url, SCHEDULER_IDLE_TIMEOUT="1", PYTHONPATH=str(ROOT)
+    )
     result = run_scrapy(env, "crawl", "demo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Using the embedded Redis" in result.stderr and "Using the embedded Postgres" in result.stderr

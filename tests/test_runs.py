@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, scrapy_cmd
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, stat, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 NODE_TTL = "3"
 
@@ -31,8 +32,14 @@ def test_a_killed_worker_never_makes_the_next_run_a_no_op(clean) -> None:
     catalog = Catalog(products=70)
     valid = len(catalog.valid_products())
     with DemoSite(catalog, delay_ms=40) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="6", SCHEDULER_LEASE_TIMEOUT="2",
-                        SCHEDULER_IDLE_TIMEOUT="2", RUNS_NODE_TTL=NODE_TTL)
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="6",
+            SCHEDULER_LEASE_TIMEOUT="2",
+            SCHEDULER_IDLE_TIMEOUT="2",
+            RUNS_NODE_TTL=NODE_TTL,
+        )
         repriced: set[str] = set()
         for round, pause in enumerate((0.0, float(NODE_TTL) + 1)):
             site.reset_stats()
@@ -55,7 +62,9 @@ def test_a_killed_worker_never_makes_the_next_run_a_no_op(clean) -> None:
             log = rerun(env)
             assert f"starting run {round * 2 + 2} of demo" in log, log[-3000:]
             assert outcomes(log) == {"inserted": 0, "updated": 5, "unchanged": valid - 5}, outcomes(log)
-            assert {sku for (sku,) in clean.query("SELECT sku FROM products WHERE updated_at > %s", (before,))} == changed
+            assert {
+                sku for (sku,) in clean.query("SELECT sku FROM products WHERE updated_at > %s", (before,))
+            } == changed
     runs = clean.query("SELECT run_id, state, items_updated, items_new FROM crawl_runs ORDER BY run_id")
     assert [(r, s) for r, s, _, _ in runs] == [(1, "finished"), (2, "finished"), (3, "finished"), (4, "finished")]
     assert runs[1][2] == runs[3][2] == 5
@@ -63,8 +72,12 @@ def test_a_killed_worker_never_makes_the_next_run_a_no_op(clean) -> None:
     shown = run_scrapy(env, "runs", "demo", "--json")
     assert shown.returncode == 0, shown.stderr[-2000:]
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
-    assert [(r["run_id"], r["state"], r["items_updated"]) for r in rows] == [(4, "finished", 5), (3, "finished", 0),
-                                                                             (2, "finished", 5), (1, "finished", 0)]
+    assert [(r["run_id"], r["state"], r["items_updated"]) for r in rows] == [
+        (4, "finished", 5),
+        (3, "finished", 0),
+        (2, "finished", 5),
+        (1, "finished", 0),
+    ]
     assert rows[3]["nodes_seen"] == 2 and rows[0]["items_unchanged"] == valid - 5 and rows[0]["pages"] > valid
 
 
@@ -73,8 +86,9 @@ class Logged:
 
     def __init__(self, env: dict[str, str], path: Path, *args: str) -> None:
         self.path = path
-        self.proc = subprocess.Popen(scrapy_cmd("crawl", "demo", *args), cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=path.open("w"))
+        self.proc = subprocess.Popen(
+            scrapy_cmd("crawl", "demo", *args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=path.open("w")
+        )
 
     def text(self) -> str:
         return self.path.read_text()
@@ -88,9 +102,16 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
     catalog = Catalog(products=50)
     pages = sorted(catalog.pages())
     with DemoSite(catalog, delay_ms=30) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS_PER_DOMAIN="2",
-                        SCHEDULER_IDLE_TIMEOUT="3", SCHEDULER_LEASE_TIMEOUT="3", RUNS_NODE_TTL=NODE_TTL,
-                        POSTGRES_FLUSH_INTERVAL="2", POSTGRES_BATCH_SIZE="10000")
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS_PER_DOMAIN="2",
+            SCHEDULER_IDLE_TIMEOUT="3",
+            SCHEDULER_LEASE_TIMEOUT="3",
+            RUNS_NODE_TTL=NODE_TTL,
+            POSTGRES_FLUSH_INTERVAL="2",
+            POSTGRES_BATCH_SIZE="10000",
+        )
         served = lambda: sum(n for p, n in site.stats()["requests"].items() if p != "/robots.txt")  # noqa: E731
         stages = {
             "fetching": lambda c: served() >= 15,
@@ -103,7 +124,7 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
             clean.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
             site.reset_stats()
             first = Logged(env, tmp_path / f"{number}-first.log")
-            wait_for(lambda: reached(first), timeout=60, step=0.02)
+            wait_for(lambda reached=reached, first=first: reached(first), timeout=60, step=0.02)
             first.proc.send_signal(signal.SIGINT)
             log = first.finish()
             assert first.proc.returncode == 0 and "Spider closed (shutdown)" in log, log[-3000:]
@@ -121,7 +142,7 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
                 assert queued == 0 and "Run 1 of demo finished on every node" in log, log[-3000:]
                 assert "starting run 2 of demo" in second, second[-3000:]
                 assert sorted(counts) == pages and set(counts.values()) == {1}
-            assert "Run %d of demo finished on every node" % (1 if stage == "fetching" else 2) in second
+            assert f"Run {1 if stage == 'fetching' else 2} of demo finished on every node" in second
             assert_each_product_stored_or_rejected_once(clean.query, catalog)
 
 
@@ -155,4 +176,6 @@ def test_fresh_discards_a_stopped_run_and_says_what_it_drops(clean, site: DemoSi
     assert site.stats()["requests"].get("/") == 1
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
     assert clean.query("SELECT run_id, state, finish_reason FROM crawl_runs ORDER BY run_id") == [
-        (3, "finished", "discarded"), (4, "finished", "finished")]
+        (3, "finished", "discarded"),
+        (4, "finished", "finished"),
+    ]

@@ -39,26 +39,66 @@ def _items(*blocks: str, body: str = "") -> list[tuple[dict[str, Any], list[str]
 
 
 def test_each_offer_with_its_own_sku_and_price_is_an_item() -> None:
-    found = _items(_ld({
-        "@type": "Product", "name": "Tee", "sku": "T",
-        "offers": [
-            {"@type": "Offer", "sku": "T-S", "price": "10.00", "priceCurrency": "EUR", "availability": "https://schema.org/InStock"},
-            {"@type": "Offer", "sku": "T-M", "price": "12.00", "priceCurrency": "EUR", "availability": "http://schema.org/OutOfStock"},
-        ],
-    }))
+    found = _items(
+        _ld(
+            {
+                "@type": "Product",
+                "name": "Tee",
+                "sku": "T",
+                "offers": [
+                    {
+                        "@type": "Offer",
+                        "sku": "T-S",
+                        "price": "10.00",
+                        "priceCurrency": "EUR",
+                        "availability": "https://schema.org/InStock",
+                    },
+                    {
+                        "@type": "Offer",
+                        "sku": "T-M",
+                        "price": "12.00",
+                        "priceCurrency": "EUR",
+                        "availability": "http://schema.org/OutOfStock",
+                    },
+                ],
+            }
+        )
+    )
     assert [(i["sku"], i["price"], i["availability"], r) for i, r in found] == [
-        ("T-M", D("12.00"), "OutOfStock", []), ("T-S", D("10.00"), "InStock", [])]
+        ("T-M", D("12.00"), "OutOfStock", []),
+        ("T-S", D("10.00"), "InStock", []),
+    ]
 
 
 def test_each_variant_of_a_product_group_is_an_item() -> None:
-    found = _items(_ld({
-        "@type": "ProductGroup", "name": "Tee", "productGroupID": "G", "brand": {"@type": "Brand", "name": "Acme"},
-        "hasVariant": [
-            {"@type": "Product", "sku": "G-S", "name": "Tee S", "offers": {"@type": "Offer", "price": "1.299", "priceCurrency": "EUR"}},
-            {"@type": "Product", "gtin13": "4006381333931", "offers": {"@type": "Offer", "price": "2.5", "priceCurrency": "EUR"}},
-            {"@type": "Product", "name": "No key", "offers": {"@type": "Offer", "price": "3", "priceCurrency": "EUR"}},
-        ],
-    }))
+    found = _items(
+        _ld(
+            {
+                "@type": "ProductGroup",
+                "name": "Tee",
+                "productGroupID": "G",
+                "brand": {"@type": "Brand", "name": "Acme"},
+                "hasVariant": [
+                    {
+                        "@type": "Product",
+                        "sku": "G-S",
+                        "name": "Tee S",
+                        "offers": {"@type": "Offer", "price": "1.299", "priceCurrency": "EUR"},
+                    },
+                    {
+                        "@type": "Product",
+                        "gtin13": "4006381333931",
+                        "offers": {"@type": "Offer", "price": "2.5", "priceCurrency": "EUR"},
+                    },
+                    {
+                        "@type": "Product",
+                        "name": "No key",
+                        "offers": {"@type": "Offer", "price": "3", "priceCurrency": "EUR"},
+                    },
+                ],
+            }
+        )
+    )
     ok = [(i["sku"], i["title"], i["brand"], i["price"]) for i, r in found if not r]
     # schema.org's decimal mark is ".": 1.299 EUR is 1.30, not 1299.
     assert ok == [("4006381333931", "Tee", "Acme", D("2.50")), ("G-S", "Tee S", "Acme", D("1.30"))]
@@ -67,21 +107,41 @@ def test_each_variant_of_a_product_group_is_an_item() -> None:
 
 
 def test_is_variant_of_inherits_from_its_group() -> None:
-    found = _items(_ld({
-        "@type": "Product", "mpn": "X-1", "isVariantOf": {"@type": "ProductGroup", "name": "Lamp", "brand": "Lumière"},
-        "offers": {"@type": "Offer", "price": "40", "priceCurrency": "CHF"},
-    }))
+    found = _items(
+        _ld(
+            {
+                "@type": "Product",
+                "mpn": "X-1",
+                "isVariantOf": {"@type": "ProductGroup", "name": "Lamp", "brand": "Lumière"},
+                "offers": {"@type": "Offer", "price": "40", "priceCurrency": "CHF"},
+            }
+        )
+    )
     assert [(i["sku"], i["title"], i["brand"], i["price"], i["currency"], r) for i, r in found] == [
-        ("X-1", "Lamp", "Lumière", D("40.00"), "CHF", [])]
+        ("X-1", "Lamp", "Lumière", D("40.00"), "CHF", [])
+    ]
 
 
 def test_aggregate_offer_keeps_low_and_high() -> None:
-    found = _items(_ld({
-        "@type": "Product", "name": "Chair", "gtin": "0001",
-        "offers": {"@type": "AggregateOffer", "lowPrice": "10", "highPrice": "25.5", "priceCurrency": "GBP", "offerCount": 3},
-    }))
+    found = _items(
+        _ld(
+            {
+                "@type": "Product",
+                "name": "Chair",
+                "gtin": "0001",
+                "offers": {
+                    "@type": "AggregateOffer",
+                    "lowPrice": "10",
+                    "highPrice": "25.5",
+                    "priceCurrency": "GBP",
+                    "offerCount": 3,
+                },
+            }
+        )
+    )
     assert [(i["sku"], i["price"], i["price_high"], i["currency"], r) for i, r in found] == [
-        ("0001", D("10.00"), D("25.50"), "GBP", [])]
+        ("0001", D("10.00"), D("25.50"), "GBP", [])
+    ]
 
 
 def test_microdata_lists_and_unusable_products() -> None:
@@ -93,4 +153,6 @@ def test_microdata_lists_and_unusable_products() -> None:
     )
     found = _items(_ld({"@type": "Product", "name": "No offer", "sku": "NO"}), body=body)
     assert [(i["sku"], i.get("price"), i.get("availability"), r) for i, r in found] == [
-        ("MUG", D("5.00"), "InStock", []), ("NO", None, None, ["price: missing", "currency: missing"])]
+        ("MUG", D("5.00"), "InStock", []),
+        ("NO", None, None, ["price: missing", "currency: missing"]),
+    ]

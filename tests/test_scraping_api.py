@@ -12,12 +12,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from conftest import ROOT, crawl_env, run_scrapy, scrapy_cmd
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import STANDIN_HEADER, StandIn
 
 KEY = "canary-7f3c9e1d4b2a8e6f0c5d"
+
 
 @pytest.fixture
 def api():
@@ -63,7 +64,8 @@ def stat(result: subprocess.CompletedProcess, name: str) -> float | str | None:
 
 def table(services, name: str) -> list[tuple]:
     cols = [
-        c for (c,) in services.query(
+        c
+        for (c,) in services.query(
             "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
             (name,),
         )
@@ -80,17 +82,14 @@ def reset(services) -> None:
 # -- the same rows, the key nowhere ----------------------------------------------------------
 
 
-def test_crawl_through_api_stores_the_same_rows_and_the_key_is_nowhere(
-    clean, site: DemoSite, api: StandIn
-) -> None:
+def test_crawl_through_api_stores_the_same_rows_and_the_key_is_nowhere(clean, site: DemoSite, api: StandIn) -> None:
     direct = run_crawl(api_env(clean, site.url, None))
     assert "ScrapingApiMiddleware" not in direct.stderr.split("Enabled downloader middlewares")[1].split("]")[0]
     direct_products, direct_rejects = table(clean, "products"), table(clean, "rejects")
     assert len(direct_products) > 50
 
     reset(clean)
-    result = run_crawl(api_env(clean, site.url, api, LOG_LEVEL="DEBUG",
-                               CONCURRENT_REQUESTS_PER_DOMAIN="3"))
+    result = run_crawl(api_env(clean, site.url, api, LOG_LEVEL="DEBUG", CONCURRENT_REQUESTS_PER_DOMAIN="3"))
     assert table(clean, "products") == direct_products
     assert table(clean, "rejects") == direct_rejects
     served = api.stats()
@@ -130,11 +129,13 @@ def test_crawl_through_api_stores_the_same_rows_and_the_key_is_nowhere(
 
 
 def test_429_and_5xx_are_retried_honouring_retry_after(clean, small_site, api) -> None:
-    api.configure(rules=[
-        {"status": 429, "count": 3, "retry_after": 1},
-        {"status": 503, "count": 2},
-        {"status": 500, "count": 1, "after": 10},
-    ])
+    api.configure(
+        rules=[
+            {"status": 429, "count": 3, "retry_after": 1},
+            {"status": 503, "count": 2},
+            {"status": 500, "count": 1, "after": 10},
+        ]
+    )
     started = time.monotonic()
     result = run_crawl(api_env(clean, small_site.url, api))
     products = clean.query("SELECT count(*) FROM products")[0][0]
@@ -181,9 +182,7 @@ def test_401_closes_the_spider_at_once_and_keeps_the_queue(clean, small_site, ap
     assert "requests left in the shared queue" in result.stderr
 
 
-def test_402_closes_with_credits_reason_and_the_next_run_finishes_the_crawl(
-    clean, small_site, api
-) -> None:
+def test_402_closes_with_credits_reason_and_the_next_run_finishes_the_crawl(clean, small_site, api) -> None:
     api.configure(rules=[{"status": 402, "count": 0, "after": 8, "detail": "Insufficient credits"}])
     env = api_env(clean, small_site.url, api)
     result = run_crawl(env, status=5)
@@ -205,8 +204,9 @@ def test_slow_api_calls_time_out_and_are_retried(clean, small_site, api) -> None
 
 def test_budget_stops_the_crawl_before_it_is_exceeded(clean, small_site, api) -> None:
     # AlterLab bills in microcents (billing.total_credits); the stand-in charges 200 a page.
-    result = run_crawl(api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="3000",
-                               CONCURRENT_REQUESTS_PER_DOMAIN="8"), status=5)
+    result = run_crawl(
+        api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="3000", CONCURRENT_REQUESTS_PER_DOMAIN="8"), status=5
+    )
     assert stat(result, "finish_reason") == "scraping_api_budget"
     served = api.stats()
     assert served["credits"] <= 3000
@@ -215,8 +215,10 @@ def test_budget_stops_the_crawl_before_it_is_exceeded(clean, small_site, api) ->
 
 
 def test_budget_counts_render_js_cost(clean, small_site, api) -> None:
-    result = run_crawl(api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="22000",
-                               SCRAPING_API_OPTIONS='{"render_js": true}'), status=5)
+    result = run_crawl(
+        api_env(clean, small_site.url, api, SCRAPING_API_BUDGET="22000", SCRAPING_API_OPTIONS='{"render_js": true}'),
+        status=5,
+    )
     assert stat(result, "finish_reason") == "scraping_api_budget"
     assert 15000 <= api.stats()["credits"] <= 22000  # 1000 a rendered page
 
@@ -266,8 +268,9 @@ def test_on_block_escalates_a_blocking_site_and_crawls_it_fully(clean, api) -> N
         assert clean.query("SELECT count(*) FROM products")[0][0] == 0  # blocked without the API
         reset(clean)
         handler.direct.clear()
-        result = run_crawl(api_env(clean, url, api, SCRAPING_API_DEFAULT_ROUTE="never",
-                                   SCRAPING_API_ROUTING="127.0.0.1=on_block"))
+        result = run_crawl(
+            api_env(clean, url, api, SCRAPING_API_DEFAULT_ROUTE="never", SCRAPING_API_ROUTING="127.0.0.1=on_block")
+        )
         assert clean.query("SELECT count(*) FROM products")[0][0] == len(site.catalog.valid_products())
         assert stat(result, "scraping_api/escalated_domains") == 1
         # Only the first direct requests (robots.txt, the start page) were blocked; then all went via the API.
@@ -284,20 +287,32 @@ def test_on_block_escalates_a_blocking_site_and_crawls_it_fully(clean, api) -> N
 def test_four_workers_share_one_budget(clean, api) -> None:
     with DemoSite(Catalog(products=80)) as site:
         env = api_env(clean, site.url, api, SCRAPING_API_BUDGET="6000", CONCURRENT_REQUESTS_PER_DOMAIN="2")
-        procs = [subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        procs = [
+            subprocess.Popen(
+                scrapy_cmd("crawl", "demo"),
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         outputs = [p.communicate(timeout=180) for p in procs]
     reasons = [stat(type("R", (), {"stderr": err})(), "finish_reason") for _, err in outputs]
     # A worker the budget stopped says so in its exit status (5: stopped, not finished).
-    assert [p.returncode for p in procs] == [5 if r == "scraping_api_budget" else 0 for r in reasons], \
-        [err[-2000:] for _, err in outputs]
+    assert [p.returncode for p in procs] == [5 if r == "scraping_api_budget" else 0 for r in reasons], [
+        err[-2000:] for _, err in outputs
+    ]
     served = api.stats()
     # 200 microcents a page: the fleet together stops at the budget, not at 4 times it.
     assert 6000 - 4 * 2 * 200 <= served["credits"] <= 6000
     spent = [stat(type("R", (), {"stderr": err})(), "scraping_api/credits") or 0 for _, err in outputs]
     assert sum(spent) == served["credits"]
-    assert sum(1 for _, err in outputs if stat(type("R", (), {"stderr": err})(), "finish_reason")
-               == "scraping_api_budget") >= 1
+    assert (
+        sum(1 for _, err in outputs if stat(type("R", (), {"stderr": err})(), "finish_reason") == "scraping_api_budget")
+        >= 1
+    )
     assert clean.redis().zcard("{demo}:requests") > 0  # the rest of the run waits in the queue
 
 
@@ -315,17 +330,25 @@ def test_a_domain_escalated_by_one_worker_is_escalated_for_all(clean, api) -> No
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
-        env = api_env(clean, url, api, SCRAPING_API_DEFAULT_ROUTE="never", SCRAPING_API_ROUTING="127.0.0.1=on_block",
-                      CONCURRENT_REQUESTS_PER_DOMAIN="2")
-        first = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+        env = api_env(
+            clean,
+            url,
+            api,
+            SCRAPING_API_DEFAULT_ROUTE="never",
+            SCRAPING_API_ROUTING="127.0.0.1=on_block",
+            CONCURRENT_REQUESTS_PER_DOMAIN="2",
+        )
+        first = subprocess.Popen(
+            scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 60
         while not clean.redis().smembers("{demo}:scraping_api:escalated") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert clean.redis().smembers("{demo}:scraping_api:escalated") == {b"127.0.0.1"}
         before = len(handler.direct)
-        second = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+        second = subprocess.Popen(
+            scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         (_, err1), (_, err2) = first.communicate(timeout=180), second.communicate(timeout=180)
     finally:
         server.shutdown()

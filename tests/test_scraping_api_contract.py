@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from conftest import Services, crawl_env, project_with_spider, run_scrapy
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import COUNTRY_HEADER, StandIn
 
@@ -64,8 +64,13 @@ def test_official_alterlab_sdk_understands_the_standin(api: StandIn, shop: DemoS
 
     async def scenario() -> None:
         async with AlterLab(api_key=KEY, base_url=api.url, max_retries=3, retry_delay=0.01) as client:
-            result = await client.scrape(page, cookies={"session": "s1"}, location={"country": "DE", "language": "de"},
-                                         extraction_profile="product", timeout=20)
+            result = await client.scrape(
+                page,
+                cookies={"session": "s1"},
+                location={"country": "DE", "language": "de"},
+                extraction_profile="product",
+                timeout=20,
+            )
             assert result["status_code"] == 200 and result["url"] == page and result["final_url"] == page
             assert product.title.split()[0] in result["content"]
             assert result["billing"]["total_credits"] == 200 and result["billing"]["tier_used"] == "1"
@@ -121,8 +126,9 @@ def test_official_scrapingbee_and_zyte_clients_understand_the_standin(api: Stand
 
     async def zyte() -> None:
         client = AsyncZyteAPI(api_key=KEY, api_url=f"{api.url}/v1/")
-        raw = await client.get({"url": page, "httpResponseBody": True, "httpResponseHeaders": True,
-                                "geolocation": "FR"})
+        raw = await client.get(
+            {"url": page, "httpResponseBody": True, "httpResponseHeaders": True, "geolocation": "FR"}
+        )
         assert raw["statusCode"] == 200 and raw["url"] == page and raw["httpResponseBody"]
         browser = await client.get({"url": page, "browserHtml": True})
         assert "<html" in browser["browserHtml"].lower()
@@ -200,14 +206,24 @@ def test_a_windows_1252_shop_stores_the_same_rows_directly_and_through_every_pro
     expected = rows(clean)
     assert len(expected) > 20
     assert any("€" in (title or "") + (desc or "") for _, title, desc, _, _ in expected) or any(
-        cur == "EUR" for *_, cur in expected)
+        cur == "EUR" for *_, cur in expected
+    )
     assert not any("\ufffd" in (title or "") + (desc or "") for _, title, desc, _, _ in expected)
-    for provider, options in [("alterlab", "{}"), ("scrapingbee", "{}"), ("zyte", "{}"),
-                              ("zyte", '{"render_js": true}')]:
+    for provider, options in [
+        ("alterlab", "{}"),
+        ("scrapingbee", "{}"),
+        ("zyte", "{}"),
+        ("zyte", '{"render_js": true}'),
+    ]:
         clean.redis().flushdb()
         clean.query("TRUNCATE products, rejects")
-        env = dict(base, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, SCRAPING_API_PROVIDER=provider,
-                   SCRAPING_API_OPTIONS=options)
+        env = dict(
+            base,
+            SCRAPING_API_KEY=KEY,
+            SCRAPING_API_URL=api.url,
+            SCRAPING_API_PROVIDER=provider,
+            SCRAPING_API_OPTIONS=options,
+        )
         result = run_scrapy(env, "crawl", "demo")
         assert result.returncode == 0, result.stderr[-3000:]
         assert "scraping_api/damaged_text" not in result.stderr
@@ -216,7 +232,10 @@ def test_a_windows_1252_shop_stores_the_same_rows_directly_and_through_every_pro
 
 def test_links_resolve_against_the_url_the_target_ended_at(clean, cp1252_shop, api: StandIn, tmp_path: Path) -> None:
     url, handler = cp1252_shop
-    project = project_with_spider(tmp_path, "moved", f'''
+    project = project_with_spider(
+        tmp_path,
+        "moved",
+        f'''
 import scrapy
 
 
@@ -231,10 +250,12 @@ class Moved(scrapy.Spider):
 
     def done(self, response):
         yield {{"url": response.url}}
-''')
+''',
+    )
     handler.seen.clear()
-    env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false",
-                    PYTHONPATH=str(project))
+    env = crawl_env(
+        clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false", PYTHONPATH=str(project)
+    )
     result = run_scrapy(env, "crawl", "moved", cwd=project)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "/deep/dir/next.html" in handler.seen, handler.seen  # not /next.html
@@ -259,7 +280,10 @@ def test_text_the_api_garbled_is_counted_and_reported(clean, api: StandIn, tmp_p
             self.wfile.write(raw)
 
     with serve(Mislabelled) as site:
-        project = project_with_spider(tmp_path, "one", f'''
+        project = project_with_spider(
+            tmp_path,
+            "one",
+            f'''
 import scrapy
 
 
@@ -270,9 +294,11 @@ class One(scrapy.Spider):
 
     def parse(self, response):
         yield {{"title": response.css("title::text").get()}}
-''')
-        env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false",
-                        PYTHONPATH=str(project))
+''',
+        )
+        env = crawl_env(
+            clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false", PYTHONPATH=str(project)
+        )
         result = run_scrapy(env, "crawl", "one", cwd=project)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'scraping_api/damaged_text': 1" in result.stderr
@@ -300,7 +326,10 @@ def test_geo_cookies_and_content_type_reach_the_target(clean, api: StandIn, tmp_
 
     with serve(Echo) as site:
         site += "form"
-        project = project_with_spider(tmp_path, "form", f'''
+        project = project_with_spider(
+            tmp_path,
+            "form",
+            f'''
 import scrapy
 
 
@@ -314,9 +343,11 @@ class Form(scrapy.Spider):
 
     def parse(self, response):
         yield {{"body": response.text}}
-''')
-        env = crawl_env(clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false",
-                        PYTHONPATH=str(project))
+''',
+        )
+        env = crawl_env(
+            clean, SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url, METRICS_ENABLED="false", PYTHONPATH=str(project)
+        )
         result = run_scrapy(env, "crawl", "form", cwd=project)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(seen) == 1, seen
@@ -346,7 +377,12 @@ def test_api_extract_spider_stores_a_shops_products_with_no_selectors(clean, api
             assert re.search(rf"'scraping_api/credits': {served['credits']:.0f}\b", result.stderr)
             assert served["unknown_fields"] == {}
             api.reset()
-    no_key = run_scrapy(crawl_env(clean, METRICS_ENABLED="false"), "crawl", "api_extract", "-a", "url=http://127.0.0.1:9/")
+    no_key = run_scrapy(
+        crawl_env(clean, METRICS_ENABLED="false"), "crawl", "api_extract", "-a", "url=http://127.0.0.1:9/"
+    )
     assert no_key.returncode == 2 and "Traceback" not in no_key.stderr
-    assert no_key.stderr.strip().splitlines()[-1].startswith(
-        "error: SCRAPING_API_KEY: api_extract has the scraping API extract"), no_key.stderr
+    assert (
+        no_key.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: SCRAPING_API_KEY: api_extract has the scraping API extract")
+    ), no_key.stderr

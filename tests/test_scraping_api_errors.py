@@ -21,10 +21,15 @@ from typing import Any
 
 import pgserver
 import pytest
-
 from conftest import (
-    ROOT, Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, scrapy_cmd,
+    ROOT,
+    Services,
+    assert_each_product_stored_or_rejected_once,
+    crawl_env,
+    run_scrapy,
+    scrapy_cmd,
 )
+
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
 
@@ -60,9 +65,15 @@ def pick(catalog: Catalog, n: int) -> list[int]:
 def env_for(services: Services, site: DemoSite, api_url: str, provider: str, **extra: str) -> dict[str, str]:
     env = crawl_env(services, DEMO_SITE_URL=site.url)
     env.update(
-        SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api_url, SCRAPING_API_PROVIDER=provider,
-        SCRAPING_API_RETRY_BACKOFF="0.02", SCRAPING_API_POLL_INTERVAL="0.05", SCRAPING_API_MAX_RETRIES="2",
-        LOG_LEVEL="DEBUG", METRICS_ENABLED="false", DOWNLOAD_TIMEOUT="3",
+        SCRAPING_API_KEY=KEY,
+        SCRAPING_API_URL=api_url,
+        SCRAPING_API_PROVIDER=provider,
+        SCRAPING_API_RETRY_BACKOFF="0.02",
+        SCRAPING_API_POLL_INTERVAL="0.05",
+        SCRAPING_API_MAX_RETRIES="2",
+        LOG_LEVEL="DEBUG",
+        METRICS_ENABLED="false",
+        DOWNLOAD_TIMEOUT="3",
     )
     env.update(extra)
     return env
@@ -74,8 +85,9 @@ class Watched:
     def __init__(self, env: dict[str, str], metrics_port: int | None = None) -> None:
         self.ps: list[str] = []
         self.metrics: list[str] = []
-        self.proc = subprocess.Popen(scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            scrapy_cmd("crawl", "demo"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(metrics_port,), daemon=True)
         self._thread.start()
@@ -147,9 +159,15 @@ def stat(stderr: str, name: str) -> Any:
     return None if m is None else (m[1].strip("'") if m[1].startswith("'") else float(m[1]))
 
 
-def run_phases(services: Services, shop: DemoSite, api: StandIn, provider: str,
-               cases: list[tuple[dict[str, Any], str | None]], stops: list[tuple[dict[str, Any], str]],
-               **extra: str) -> None:
+def run_phases(
+    services: Services,
+    shop: DemoSite,
+    api: StandIn,
+    provider: str,
+    cases: list[tuple[dict[str, Any], str | None]],
+    stops: list[tuple[dict[str, Any], str]],
+    **extra: str,
+) -> None:
     """Phase 1: one crawl where product i gets cases[i]'s rule; *expected* None means the page
     ends stored, a string is the dead-letter reason. Then dlq list/show/requeue and a clean
     second run; then each stop rule closes a crawl with its finish reason and keeps the queue."""
@@ -165,8 +183,10 @@ def run_phases(services: Services, shop: DemoSite, api: StandIn, provider: str,
     api.configure(rules=rules)
     port = free_port()
     env = env_for(services, shop, api.url, provider, **extra)
-    watched = Watched(dict(env, METRICS_ENABLED="true", METRICS_PORT=str(port), METRICS_PORT_RANGE="1",
-                           METRICS_LINGER="1"), metrics_port=port)
+    watched = Watched(
+        dict(env, METRICS_ENABLED="true", METRICS_PORT=str(port), METRICS_PORT_RANGE="1", METRICS_LINGER="1"),
+        metrics_port=port,
+    )
     code, out, err = watched.finish()
     assert code == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -209,52 +229,78 @@ def run_phases(services: Services, shop: DemoSite, api: StandIn, provider: str,
 
 
 def test_alterlab_every_error_path(clean, shop, api) -> None:
-    run_phases(clean, shop, api, "alterlab", [
-        ({"status": 429, "count": 1, "retry_after": 0}, None),
-        ({"status": 500, "count": 1}, None),
-        ({"status": 504, "count": 0, "error": "GATEWAY_TIMEOUT"}, "api:504:GATEWAY_TIMEOUT"),  # may be billed
-        ({"status": 504, "count": 1, "error": "TIMEOUT"}, None),  # refunded: retried
-        ({"status": 403, "count": 0}, "api:403:BLOCKED_BY_ANTIBOT"),  # blocked even escalated
-        ({"block": True}, None),  # blocked until escalated to render_js
-        ({"status": 404, "count": 0}, "api:404:NOT_FOUND"),
-        ({"status": 402, "count": 0, "error": "PAYWALL_DETECTED", "message": "paywall"}, "api:402:PAYWALL_DETECTED"),
-        ({"job": "failed", "count": 1}, None),
-        ({"job": "expired", "count": 1}, None),
-        ({"job": "failed", "count": 0}, "api:job:failed"),
-        ({"delay_ms": 3500, "count": 1}, None),  # the client's timeout, then a retry
-        ({"status": 422, "count": 0}, "api:422:ALL_TIERS_FAILED"),
-        ({"status": 503, "count": 0}, "api:503:SERVICE_UNAVAILABLE"),
-    ], stops=[
-        ({"status": 402, "error": "INSUFFICIENT_CREDITS", "message": "Insufficient balance", "after": 4},
-         "scraping_api_credits"),
-        ({"status": 401, "after": 4}, "scraping_api_auth"),
-    ])
+    run_phases(
+        clean,
+        shop,
+        api,
+        "alterlab",
+        [
+            ({"status": 429, "count": 1, "retry_after": 0}, None),
+            ({"status": 500, "count": 1}, None),
+            ({"status": 504, "count": 0, "error": "GATEWAY_TIMEOUT"}, "api:504:GATEWAY_TIMEOUT"),  # may be billed
+            ({"status": 504, "count": 1, "error": "TIMEOUT"}, None),  # refunded: retried
+            ({"status": 403, "count": 0}, "api:403:BLOCKED_BY_ANTIBOT"),  # blocked even escalated
+            ({"block": True}, None),  # blocked until escalated to render_js
+            ({"status": 404, "count": 0}, "api:404:NOT_FOUND"),
+            (
+                {"status": 402, "count": 0, "error": "PAYWALL_DETECTED", "message": "paywall"},
+                "api:402:PAYWALL_DETECTED",
+            ),
+            ({"job": "failed", "count": 1}, None),
+            ({"job": "expired", "count": 1}, None),
+            ({"job": "failed", "count": 0}, "api:job:failed"),
+            ({"delay_ms": 3500, "count": 1}, None),  # the client's timeout, then a retry
+            ({"status": 422, "count": 0}, "api:422:ALL_TIERS_FAILED"),
+            ({"status": 503, "count": 0}, "api:503:SERVICE_UNAVAILABLE"),
+        ],
+        stops=[
+            (
+                {"status": 402, "error": "INSUFFICIENT_CREDITS", "message": "Insufficient balance", "after": 4},
+                "scraping_api_credits",
+            ),
+            ({"status": 401, "after": 4}, "scraping_api_auth"),
+        ],
+    )
 
 
 def test_scrapingbee_every_error_path(clean, shop, api) -> None:
-    run_phases(clean, shop, api, "scrapingbee", [
-        ({"status": 429, "count": 1, "retry_after": 0}, None),
-        ({"status": 500, "count": 1}, None),
-        ({"status": 500, "count": 0}, "api:500:http_500"),
-        ({"status": 400, "count": 0}, "api:400:http_400"),
-        ({"delay_ms": 3500, "count": 1}, None),
-    ], stops=[
-        ({"status": 401, "error": "no_credits", "after": 4}, "scraping_api_credits"),
-        ({"status": 401, "after": 4}, "scraping_api_auth"),
-    ])
+    run_phases(
+        clean,
+        shop,
+        api,
+        "scrapingbee",
+        [
+            ({"status": 429, "count": 1, "retry_after": 0}, None),
+            ({"status": 500, "count": 1}, None),
+            ({"status": 500, "count": 0}, "api:500:http_500"),
+            ({"status": 400, "count": 0}, "api:400:http_400"),
+            ({"delay_ms": 3500, "count": 1}, None),
+        ],
+        stops=[
+            ({"status": 401, "error": "no_credits", "after": 4}, "scraping_api_credits"),
+            ({"status": 401, "after": 4}, "scraping_api_auth"),
+        ],
+    )
 
 
 def test_zyte_every_error_path(clean, shop, api) -> None:
-    run_phases(clean, shop, api, "zyte", [
-        ({"status": 429, "count": 1, "retry_after": 0}, None),  # throttled: waits, retries
-        ({"status": 520, "count": 2}, None),  # a temporary download error: retried (up to 4 tries)
-        ({"status": 520, "count": 0}, "api:520:temporary-error"),
-        ({"status": 521, "count": 0}, "api:521:permanent-error"),  # 2 tries
-        ({"status": 500, "count": 0}, "api:500:error"),  # undocumented: 2 tries
-        ({"status": 503, "count": 1}, None),
-    ], stops=[
-        ({"status": 401, "after": 4}, "scraping_api_auth"),
-    ])
+    run_phases(
+        clean,
+        shop,
+        api,
+        "zyte",
+        [
+            ({"status": 429, "count": 1, "retry_after": 0}, None),  # throttled: waits, retries
+            ({"status": 520, "count": 2}, None),  # a temporary download error: retried (up to 4 tries)
+            ({"status": 520, "count": 0}, "api:520:temporary-error"),
+            ({"status": 521, "count": 0}, "api:521:permanent-error"),  # 2 tries
+            ({"status": 500, "count": 0}, "api:500:error"),  # undocumented: 2 tries
+            ({"status": 503, "count": 1}, None),
+        ],
+        stops=[
+            ({"status": 401, "after": 4}, "scraping_api_auth"),
+        ],
+    )
     served = api.stats()["calls"]
     assert served.get("zyte", 0) > 0 and "alterlab" not in served
 
@@ -280,10 +326,21 @@ def test_api_calls_left_by_an_earlier_version_are_deleted_never_sent_or_shown(cl
     from scraper.queue import serializer
     from scraper.queue.dead_letters import entry
 
-    call = {"url": f"{api.url}/api/v1/scrape", "method": "POST", "headers": {"X-Api-Key": [KEY]},
-            "body": b'{"url": "%s"}' % shop.url.encode(), "meta": {"_scraping_api_call": True},
-            "priority": 0, "dont_filter": True, "callback": None, "errback": None, "flags": [], "cb_kwargs": {},
-            "cookies": {}, "encoding": "utf-8"}
+    call = {
+        "url": f"{api.url}/api/v1/scrape",
+        "method": "POST",
+        "headers": {"X-Api-Key": [KEY]},
+        "body": b'{"url": "%s"}' % shop.url.encode(),
+        "meta": {"_scraping_api_call": True},
+        "priority": 0,
+        "dont_filter": True,
+        "callback": None,
+        "errback": None,
+        "flags": [],
+        "cb_kwargs": {},
+        "cookies": {},
+        "encoding": "utf-8",
+    }
     data = serializer.dumps(call)
     r = clean.redis()
     r.rpush("{demo}:dead", entry("http 503", 3, call["url"], data))

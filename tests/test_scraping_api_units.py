@@ -13,16 +13,26 @@ import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from conftest import ROOT
 from scrapy.http import Headers
 from scrapy.settings import Settings
 
-from conftest import ROOT
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.budget import Budget
 from scraper.scraping_api.middleware import get_settings, merge_options
 from scraper.scraping_api.providers import (
-    AlterLab, ApiError, Expired, Failed, Job, OptionError, Result, ScrapingBee, Target, Zyte, retry_after_seconds,
+    AlterLab,
+    ApiError,
+    Expired,
+    Failed,
+    Job,
+    OptionError,
+    Result,
+    ScrapingBee,
+    Target,
+    Zyte,
+    retry_after_seconds,
 )
 from scraper.scraping_api.routing import parse_routing, route_for
 
@@ -31,8 +41,9 @@ KEY = "unit-canary-5e1b9d"
 
 def test_alterlab_request_and_answers() -> None:
     p = AlterLab(KEY, "http://api.test/")
-    call = p.build_request(Target("http://shop.test/a"),
-                           {"render_js": True, "country": "de", "wait_for": "#x", "wait_until": "load"}, 54)
+    call = p.build_request(
+        Target("http://shop.test/a"), {"render_js": True, "country": "de", "wait_for": "#x", "wait_until": "load"}, 54
+    )
     assert (call.url, call.method, call.headers["X-API-Key"]) == ("http://api.test/api/v1/scrape", "POST", KEY)
     body = json.loads(call.body)
     assert body["url"] == "http://shop.test/a" and body["formats"] == ["html"] and body["wait_for"] == "#x"
@@ -40,17 +51,40 @@ def test_alterlab_request_and_answers() -> None:
     assert body["advanced"] == {"render_js": True}
     assert body["location"] == {"country": "DE"}  # the documented geo option, not a paid proxy flag
     assert KEY not in call.body.decode() and KEY not in repr(p) and KEY not in repr(call)
-    post = json.loads(p.build_request(Target("http://shop.test/f", "POST", {"Content-Type": "a/b"}, b"q=1"), {}, 30).body)
-    assert (post["method"], post["body"], post["headers"], post["content_type"]) == ("POST", "q=1", {"Content-Type": "a/b"}, "a/b")
+    post = json.loads(
+        p.build_request(Target("http://shop.test/f", "POST", {"Content-Type": "a/b"}, b"q=1"), {}, 30).body
+    )
+    assert (post["method"], post["body"], post["headers"], post["content_type"]) == (
+        "POST",
+        "q=1",
+        {"Content-Type": "a/b"},
+        "a/b",
+    )
     with pytest.raises(OptionError, match="unknown alterlab option.*wiat_for"):
         p.check_options({"wiat_for": "#x"})
-    p.check_options({"force_refresh": True, "remove_cookie_banners": True, "scroll_count": 3, "extraction_profile": "product"})
+    p.check_options(
+        {"force_refresh": True, "remove_cookie_banners": True, "scroll_count": 3, "extraction_profile": "product"}
+    )
 
-    ok = p.parse_response(200, Headers(), json.dumps({
-        "url": "http://shop.test/a", "final_url": "http://shop.test/a/", "status_code": 404, "content": "<p>é</p>",
-        "billing": {"total_credits": 1200, "tier_used": "4"}, "credits_used": 5,
-        "headers": {"Content-Type": "text/html; charset=iso-8859-1", "Content-Encoding": "gzip", "Set-Cookie": ["a=1", "b=2"]},
-    }).encode())
+    ok = p.parse_response(
+        200,
+        Headers(),
+        json.dumps(
+            {
+                "url": "http://shop.test/a",
+                "final_url": "http://shop.test/a/",
+                "status_code": 404,
+                "content": "<p>é</p>",
+                "billing": {"total_credits": 1200, "tier_used": "4"},
+                "credits_used": 5,
+                "headers": {
+                    "Content-Type": "text/html; charset=iso-8859-1",
+                    "Content-Encoding": "gzip",
+                    "Set-Cookie": ["a=1", "b=2"],
+                },
+            }
+        ).encode(),
+    )
     assert isinstance(ok, Result) and (ok.status, ok.url, ok.credits) == (404, "http://shop.test/a/", 1200)
     assert ok.body == "<p>é</p>".encode() and ("Content-Type", "text/html; charset=utf-8") in ok.headers
     assert [k for k, _ in ok.headers].count("Set-Cookie") == 2 and "Content-Encoding" not in dict(ok.headers)
@@ -60,7 +94,9 @@ def test_alterlab_request_and_answers() -> None:
     assert p.parse_response(401, Headers(), b'{"error": "UNAUTHORIZED", "message": "bad key"}').kind == "auth"
     blocked = p.parse_response(403, Headers(), b'{"error": "BLOCKED_BY_ANTIBOT", "message": "blocked"}')
     assert blocked.kind == "blocked" and blocked.reason == "api:403:BLOCKED_BY_ANTIBOT"
-    assert p.parse_response(402, Headers(), b'{"error": "INSUFFICIENT_CREDITS", "message": "balance"}').kind == "credits"
+    assert (
+        p.parse_response(402, Headers(), b'{"error": "INSUFFICIENT_CREDITS", "message": "balance"}').kind == "credits"
+    )
     assert p.parse_response(402, Headers(), b'{"error": "PAYWALL_DETECTED", "message": "paywall"}').kind == "fatal"
     assert p.parse_response(504, Headers(), b'{"error": "TIMEOUT", "message": "t"}').kind == "retry"  # refunded
     assert p.parse_response(504, Headers(), b"<html>gateway</html>").kind == "fatal"  # may have been billed
@@ -70,9 +106,23 @@ def test_alterlab_request_and_answers() -> None:
     assert p.parse_poll(404, Headers(), b'{"detail": "gone"}', "j1") == Expired("j1")
     assert p.parse_poll(200, Headers(), b'{"status": "pending"}', "j1") == Job("j1")
     assert p.parse_poll(200, Headers(), b'{"status": "failed", "error": "tiers"}', "j1") == Failed("j1", "tiers")
-    done = p.parse_poll(200, Headers(), json.dumps({"status": "completed", "result": {
-        "url": "http://shop.test/a", "status_code": 200, "content": "x", "billing": {"total_credits": 200},
-        "extraction_result": {"name": "N"}}}).encode(), "j1")
+    done = p.parse_poll(
+        200,
+        Headers(),
+        json.dumps(
+            {
+                "status": "completed",
+                "result": {
+                    "url": "http://shop.test/a",
+                    "status_code": 200,
+                    "content": "x",
+                    "billing": {"total_credits": 200},
+                    "extraction_result": {"name": "N"},
+                },
+            }
+        ).encode(),
+        "j1",
+    )
     assert isinstance(done, Result) and done.body == b"x" and done.extraction == {"name": "N"}
 
 
@@ -84,8 +134,18 @@ def test_scrapingbee_and_zyte_wire_formats() -> None:
     assert query["url"] == ["http://shop.test/a?b=1"] and query["country_code"] == ["us"]
     assert query["transparent_status_code"] == ["true"] and query["timeout"] == ["50000"]
     assert KEY not in call.url and call.headers["Authorization"] == f"Bearer {KEY}"  # never in a URL
-    page = bee.parse_response(403, Headers({"Spb-Cost": "10", "Spb-Resolved-Url": "http://shop.test/a",
-                                            "Spb-Set-Cookie": "a=1", "Content-Type": "text/html"}), b"<p>no</p>")
+    page = bee.parse_response(
+        403,
+        Headers(
+            {
+                "Spb-Cost": "10",
+                "Spb-Resolved-Url": "http://shop.test/a",
+                "Spb-Set-Cookie": "a=1",
+                "Content-Type": "text/html",
+            }
+        ),
+        b"<p>no</p>",
+    )
     assert isinstance(page, Result) and (page.status, page.credits, page.body) == (403, 10.0, b"<p>no</p>")
     assert ("Set-Cookie", "a=1") in page.headers
     assert bee.parse_response(401, Headers(), b'{"message": "Invalid api key"}').kind == "auth"
@@ -97,15 +157,29 @@ def test_scrapingbee_and_zyte_wire_formats() -> None:
     assert call.url == "https://api.zyte.com/v1/extract"
     assert call.headers["Authorization"] == "Basic " + base64.b64encode(f"{KEY}:".encode()).decode()
     assert body["httpRequestBody"] == "AAE=" and body["geolocation"] == "FR" and body["httpResponseBody"] is True
-    browser = json.loads(zyte.build_request(Target("http://shop.test/a", "GET", {"Referer": "http://shop.test/",
-                                                                                 "X-Mine": "1"}), {"render_js": True}, 50).body)
+    browser = json.loads(
+        zyte.build_request(
+            Target("http://shop.test/a", "GET", {"Referer": "http://shop.test/", "X-Mine": "1"}),
+            {"render_js": True},
+            50,
+        ).body
+    )
     assert browser["browserHtml"] is True and "customHttpRequestHeaders" not in browser
     assert browser["requestHeaders"] == {"referer": "http://shop.test/"}
     with pytest.raises(OptionError, match="browser requests"):
         zyte.build_request(Target("http://shop.test/f", "POST", {}, b"q=1"), {"render_js": True}, 50)
-    page = zyte.parse_response(200, Headers(), json.dumps({
-        "url": "http://shop.test/a", "statusCode": 500, "httpResponseBody": base64.b64encode(b"raw").decode(),
-        "httpResponseHeaders": [{"name": "Content-Type", "value": "text/plain"}]}).encode())
+    page = zyte.parse_response(
+        200,
+        Headers(),
+        json.dumps(
+            {
+                "url": "http://shop.test/a",
+                "statusCode": 500,
+                "httpResponseBody": base64.b64encode(b"raw").decode(),
+                "httpResponseHeaders": [{"name": "Content-Type", "value": "text/plain"}],
+            }
+        ).encode(),
+    )
     assert isinstance(page, Result) and (page.status, page.body, page.decoded) == (500, b"raw", False)
     assert zyte.parse_response(520, Headers(), b'{"type": "/download/temporary-error"}').retryable
     throttled = zyte.parse_response(429, Headers(), b'{"type": "/limits/over-user-limit"}')
@@ -132,16 +206,25 @@ def test_routing_budget_options_and_settings() -> None:
     assert Budget(0).reserve(1e9)  # no budget
 
     assert merge_options({"render_js": False, "a": 1}, {"render_js": True}, {"country": "de"}) == {
-        "render_js": True, "a": 1, "country": "de"}
+        "render_js": True,
+        "a": 1,
+        "country": "de",
+    }
     assert merge_options({"render_js": False}, None, {"render_js": True})["render_js"] is True
 
     conf = get_settings(Settings({"SCRAPING_API_KEY": KEY, "SCRAPING_API_OPTIONS": '{"render_js": true}'}))
     assert conf["base_url"] == "https://api.alterlab.io" and conf["options"] == {"render_js": True}
-    for name, value in [("SCRAPING_API_PROVIDER", "nope"), ("SCRAPING_API_BUDGET", "lots"),
-                        ("SCRAPING_API_URL", "ftp://x"), ("SCRAPING_API_DEFAULT_ROUTE", "maybe"),
-                        ("SCRAPING_API_MAX_RETRIES", "-1"), ("SCRAPING_API_OPTIONS", '{"redner_js": true}'),
-                        ("SCRAPING_API_OPTIONS", "[1]"), ("SCRAPING_API_BLOCKED_ESCALATION", '[{"nope": 1}]'),
-                        ("SCRAPING_API_ROBOTSTXT", "sometimes")]:
+    for name, value in [
+        ("SCRAPING_API_PROVIDER", "nope"),
+        ("SCRAPING_API_BUDGET", "lots"),
+        ("SCRAPING_API_URL", "ftp://x"),
+        ("SCRAPING_API_DEFAULT_ROUTE", "maybe"),
+        ("SCRAPING_API_MAX_RETRIES", "-1"),
+        ("SCRAPING_API_OPTIONS", '{"redner_js": true}'),
+        ("SCRAPING_API_OPTIONS", "[1]"),
+        ("SCRAPING_API_BLOCKED_ESCALATION", '[{"nope": 1}]'),
+        ("SCRAPING_API_ROBOTSTXT", "sometimes"),
+    ]:
         with pytest.raises(ConfigError, match=f"^{name}: "):
             get_settings(Settings({"SCRAPING_API_KEY": KEY, name: value}))
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
@@ -165,7 +248,11 @@ def test_standin_runs_as_its_own_process() -> None:
     env = {**os.environ, "SCRAPING_API_STANDIN_KEY": KEY, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "scraper.scraping_api.standin", "--port", "0", "--fail", "429x1", "--retry-after", "3"],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline()
@@ -173,7 +260,9 @@ def test_standin_runs_as_its_own_process() -> None:
         base = line.rsplit(" ", 1)[-1].strip()
         with DemoSite(Catalog(products=5)) as site:
             assert _call(f"{base}/api/v1/scrape", "wrong", {"url": site.url}) == (
-                401, {"error": "UNAUTHORIZED", "message": "Invalid or missing API key", "details": {}})
+                401,
+                {"error": "UNAUTHORIZED", "message": "Invalid or missing API key", "details": {}},
+            )
             status, body = _call(f"{base}/api/v1/scrape", KEY, {"url": site.url})
             assert (status, body["error"], body["message"]) == (429, "RATE_LIMITED", "stand-in rule: 429")
             status, body = _call(f"{base}/api/v1/scrape", KEY, {"url": site.url, "advanced": {"render_js": True}})

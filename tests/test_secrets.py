@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 from conftest import crawl_env, run_scrapy
+
 from scraper.demo_site import DemoSite
 
 CANARY = "Canary-9f3b1e77"
@@ -13,14 +14,15 @@ CANARY = "Canary-9f3b1e77"
 def with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
-    user = (parts.username or "postgres")
+    user = parts.username or "postgres"
     return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, ""))
 
 
 def test_database_password_never_reaches_logs_stats_redis_or_postgres(clean, site: DemoSite) -> None:
     # Trust authentication on the test server accepts any password, so the canary is really used.
-    env = crawl_env(clean, DATABASE_URL=with_password(clean.database_url, CANARY),
-                    DEMO_SITE_URL=site.url, LOG_LEVEL="DEBUG")
+    env = crawl_env(
+        clean, DATABASE_URL=with_password(clean.database_url, CANARY), DEMO_SITE_URL=site.url, LOG_LEVEL="DEBUG"
+    )
     result = run_scrapy(env, "crawl", "demo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Storing items in postgresql://postgres:***@" in result.stderr  # the URL was logged, masked

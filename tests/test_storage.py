@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import psycopg2
@@ -49,13 +49,27 @@ def write(conn, rows, resolution=3600.0):
 
 def test_awkward_text_survives_exactly(conn) -> None:
     nasty = 'tab\there, newline\nthere, cr\r, back\\slash \\N "quotes" ´é€😀 and a NUL\x00!'
-    write(conn, [row("a", nasty), Row(key=("s", "b"), values={"shop": "s", "code": "b", "name": None,
-                                                             "price": None, "seen": datetime(2026, 1, 2, tzinfo=timezone.utc)})])
+    write(
+        conn,
+        [
+            row("a", nasty),
+            Row(
+                key=("s", "b"),
+                values={
+                    "shop": "s",
+                    "code": "b",
+                    "name": None,
+                    "price": None,
+                    "seen": datetime(2026, 1, 2, tzinfo=UTC),
+                },
+            ),
+        ],
+    )
     with conn.cursor() as cur:
         cur.execute("SELECT code, name, price, seen FROM gadgets ORDER BY code")
         assert cur.fetchall() == [
             ("a", nasty.replace("\x00", ""), Decimal("1.00"), None),
-            ("b", None, None, datetime(2026, 1, 2, tzinfo=timezone.utc)),
+            ("b", None, None, datetime(2026, 1, 2, tzinfo=UTC)),
         ]
 
 
@@ -163,8 +177,11 @@ def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     writer._conn = writer._connect()
     schema.migrate(writer._conn, [Gadget])
     writer._register(Gadget)
-    pendings = [Pending(row("ok1", "fine"), None), Pending(row("huge", "too big", "123456789.00"), None),
-                Pending(row("ok2", "fine"), None)]
+    pendings = [
+        Pending(row("ok1", "fine"), None),
+        Pending(row("huge", "too big", "123456789.00"), None),
+        Pending(row("ok2", "fine"), None),
+    ]
     results = writer._write({"gadgets": pendings}, [])
     outcome = results["gadgets"]
     assert outcome.inserted == {("s", "ok1"), ("s", "ok2")}
@@ -192,14 +209,27 @@ def test_json_columns_take_json_text_as_copy_did_and_long_names_with_history(cle
     def doc(code, body, raw):
         return Pending(Row(key=(code,), values={"code": code, "body": body, "raw": raw}), None)
 
-    results = writer._write({Document.table: [doc("a", '{"n": 1}', '[1, 2]'), doc("b", {"n": [2, None]}, {"k": "v"}),
-                                              doc("c", "not json", None), doc("d", None, '"text"')]}, [])
+    results = writer._write(
+        {
+            Document.table: [
+                doc("a", '{"n": 1}', "[1, 2]"),
+                doc("b", {"n": [2, None]}, {"k": "v"}),
+                doc("c", "not json", None),
+                doc("d", None, '"text"'),
+            ]
+        },
+        [],
+    )
     outcome = results[Document.table]
     assert outcome.inserted == {("a",), ("b",), ("d",)}
     assert list(outcome.failed) == [("c",)] and "invalid input syntax for type json" in outcome.failed[("c",)]
     with writer._conn.cursor() as cur:
         cur.execute(f"SELECT code, body, raw::text FROM {Document.table} ORDER BY code")
-        assert cur.fetchall() == [("a", {"n": 1}, "[1, 2]"), ("b", {"n": [2, None]}, '{"k": "v"}'), ("d", None, '"text"')]
+        assert cur.fetchall() == [
+            ("a", {"n": 1}, "[1, 2]"),
+            ("b", {"n": [2, None]}, '{"k": "v"}'),
+            ("d", None, '"text"'),
+        ]
         cur.execute("SELECT key, changes FROM item_changes WHERE item_table = %s ORDER BY key::text", (Document.table,))
         assert [r[0] for r in cur.fetchall()] == [["a"], ["b"], ["d"]]
     writer._conn.close()
@@ -213,9 +243,13 @@ def test_a_table_that_lost_a_column_fails_its_rows_not_the_flush(clean) -> None:
     writer._register(Document)
     with writer._conn, writer._conn.cursor() as cur:
         cur.execute("ALTER TABLE gadgets DROP COLUMN seen")
-    results = writer._write({"gadgets": [Pending(row("a", "A"), None), Pending(row("b", "B"), None)],
-                             Document.table: [Pending(Row(key=("x",), values={"code": "x", "body": None, "raw": None}), None)]},
-                            [])
+    results = writer._write(
+        {
+            "gadgets": [Pending(row("a", "A"), None), Pending(row("b", "B"), None)],
+            Document.table: [Pending(Row(key=("x",), values={"code": "x", "body": None, "raw": None}), None)],
+        },
+        [],
+    )
     assert sorted(results["gadgets"].failed) == [("s", "a"), ("s", "b")]
     assert all("seen" in reason for reason in results["gadgets"].failed.values())
     assert results[Document.table].inserted == {("x",)}
@@ -225,8 +259,11 @@ def test_a_table_that_lost_a_column_fails_its_rows_not_the_flush(clean) -> None:
 def test_writer_retries_a_serialization_failure(clean, caplog) -> None:
     import threading
 
-    serializable = clean.database_url + ("&" if "?" in clean.database_url else "?") + \
-        "options=-c%20default_transaction_isolation%3Dserializable"
+    serializable = (
+        clean.database_url
+        + ("&" if "?" in clean.database_url else "?")
+        + "options=-c%20default_transaction_isolation%3Dserializable"
+    )
     writer = PostgresWriter(serializable)
     writer._conn = writer._connect()
     schema.migrate(writer._conn, [Gadget])
@@ -238,7 +275,9 @@ def test_writer_retries_a_serialization_failure(clean, caplog) -> None:
     with other.cursor() as cur:
         cur.execute("UPDATE gadgets SET name = 'v1', content_hash = 'h1' WHERE code = 'x'")
     results: list = []
-    thread = threading.Thread(target=lambda: results.append(writer._write({"gadgets": [Pending(row("x", "v2"), None)]}, [])))
+    thread = threading.Thread(
+        target=lambda: results.append(writer._write({"gadgets": [Pending(row("x", "v2"), None)]}, []))
+    )
     with caplog.at_level("INFO"):
         thread.start()
         thread.join(timeout=1)
@@ -269,12 +308,19 @@ def test_canonical_json_is_the_text_stored_hashes_were_computed_from() -> None:
         return json.dumps({k: _jsonable(v) for k, v in sorted(values.items())}, default=str, ensure_ascii=False)
 
     scalars = st.one_of(
-        st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.decimals(),
-        st.datetimes(timezones=st.none() | st.just(timezone.utc)), st.dates(),
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(),
+        st.decimals(),
+        st.datetimes(timezones=st.none() | st.just(UTC)),
+        st.dates(),
         st.builds(lambda n: type("Odd", (), {"__str__": lambda self: f"odd{n}"})(), st.integers()),
     )
-    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-                          max_leaves=8)
+    values = st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3), max_leaves=8
+    )
 
     @given(st.dictionaries(st.text(), values, max_size=12))
     @settings(max_examples=500, deadline=None)

@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg2
 import pytest
-
 from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
-from scraper.demo_site import Catalog, DemoSite
 from test_metrics import start_crawl, wait_for
+
+from scraper.demo_site import Catalog, DemoSite
 
 
 class StoppablePostgres:
@@ -89,9 +89,17 @@ def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -
     with DemoSite(catalog, delay_ms=40) as site:
         # The lease cap (2 x 4) would stop the crawl before 20 rows wait: raised, so that
         # the writer's own backpressure is what holds it here.
-        env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
-                        POSTGRES_MAX_PENDING="20", SCHEDULER_LEASE_TIMEOUT="3", SCHEDULER_IDLE_TIMEOUT="5",
-                        POSTGRES_RETRY_TIMEOUT="300", SCHEDULER_MAX_LEASES="64")
+        env = crawl_env(
+            clean,
+            DATABASE_URL=postgres.url,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            POSTGRES_MAX_PENDING="20",
+            SCHEDULER_LEASE_TIMEOUT="3",
+            SCHEDULER_IDLE_TIMEOUT="5",
+            POSTGRES_RETRY_TIMEOUT="300",
+            SCHEDULER_MAX_LEASES="64",
+        )
         workers = [start_crawl(env) for _ in range(2)]
         wait_for(lambda: postgres.count("products") >= 15, timeout=60)
         postgres.stop()
@@ -125,8 +133,15 @@ def test_postgres_down_mid_crawl_then_back(clean, postgres: StoppablePostgres) -
 def test_postgres_gone_for_good_leaves_dead_letters_to_requeue(clean, postgres: StoppablePostgres) -> None:
     catalog = Catalog(products=100)
     with DemoSite(catalog, delay_ms=50) as site:
-        env = crawl_env(clean, DATABASE_URL=postgres.url, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="4",
-                        POSTGRES_RETRY_TIMEOUT="3", POSTGRES_MAX_PENDING="10", SCHEDULER_IDLE_TIMEOUT="3")
+        env = crawl_env(
+            clean,
+            DATABASE_URL=postgres.url,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            POSTGRES_RETRY_TIMEOUT="3",
+            POSTGRES_MAX_PENDING="10",
+            SCHEDULER_IDLE_TIMEOUT="3",
+        )
         worker = start_crawl(env)
         wait_for(lambda: postgres.count("products") >= 10, timeout=60)
         postgres.stop()
@@ -177,6 +192,8 @@ def test_a_locked_table_is_said_with_the_blocking_pid(clean) -> None:
     assert crawl.returncode == 0, log[-3000:]
     warnings_said = [line for line in log.splitlines() if "Database stalled" in line]
     assert 2 <= len(warnings_said) <= 4, log[-3000:]  # every 2 s of the ~7 s lock, not more
-    assert any(f"blocked by pids {blocker}" in line and "rows waiting" in line and "Lock/relation" in line
-               for line in warnings_said), warnings_said
+    assert any(
+        f"blocked by pids {blocker}" in line and "rows waiting" in line and "Lock/relation" in line
+        for line in warnings_said
+    ), warnings_said
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)

@@ -30,7 +30,9 @@ def ensure_binary(name: str, package: str) -> str:
             _apt_updated = True
         subprocess.run(
             ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
-            check=True, env=env, timeout=900,
+            check=True,
+            env=env,
+            timeout=900,
         )
         found = shutil.which(name)
         if not found:

@@ -11,7 +11,7 @@ from .config import read_config
 
 class ArchiveAddon:
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ArchiveAddon":
+    def from_crawler(cls, crawler: Any) -> ArchiveAddon:
         return cls()
 
     def update_settings(self, settings: BaseSettings) -> None:

@@ -90,9 +90,27 @@ def insert(cur: Any, rows: list[IndexRow]) -> None:
         " provider, record_type, file, record_offset, record_length, digest, payload_file, payload_offset,"
         " payload_length, request, archive) VALUES %s",
         [
-            (r.spider, r.run_id, r.url, r.target_url, r.fingerprint, r.fetched_at, r.status, r.via, r.provider,
-             r.record_type, r.file, r.record_offset, r.record_length, r.digest, r.payload_file, r.payload_offset,
-             r.payload_length, json.dumps(r.request), r.archive)
+            (
+                r.spider,
+                r.run_id,
+                r.url,
+                r.target_url,
+                r.fingerprint,
+                r.fetched_at,
+                r.status,
+                r.via,
+                r.provider,
+                r.record_type,
+                r.file,
+                r.record_offset,
+                r.record_length,
+                r.digest,
+                r.payload_file,
+                r.payload_offset,
+                r.payload_length,
+                json.dumps(r.request),
+                r.archive,
+            )
             for r in rows
         ],
     )

@@ -15,9 +15,9 @@ pages does not go on without them.
 from __future__ import annotations
 
 import json
-from http import HTTPStatus
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import Any
 
 from scrapy import Request, signals
@@ -39,8 +39,20 @@ logger = logging.getLogger(__name__)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 # Meta that describes one download, not what the callback needs; "_" keys are private.
-_TRANSIENT_META = ("_", "download_", "redirect_", "retry_", "callback_attempts", "proxy", "scraping_api",
-                   "depth", "dont_", "handle_httpstatus_all", "ftp_", "cookiejar")
+_TRANSIENT_META = (
+    "_",
+    "download_",
+    "redirect_",
+    "retry_",
+    "callback_attempts",
+    "proxy",
+    "scraping_api",
+    "depth",
+    "dont_",
+    "handle_httpstatus_all",
+    "ftp_",
+    "cookiejar",
+)
 
 
 def replayable_request(request: Request, spider: Any, cache: dict[Any, str]) -> dict[str, Any]:
@@ -74,18 +86,26 @@ class ArchiveMiddleware:
         self._callbacks: dict[Any, str] = {}
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ArchiveMiddleware":
+    def from_crawler(cls, crawler: Any) -> ArchiveMiddleware:
         config = read_config(crawler.settings)
         if not config.enabled or crawler.settings.getbool("ARCHIVE_REPLAY"):
             raise NotConfigured  # off by default: no "Disabled" warning on every crawl
         store = store_for(config.url, str(crawler.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
-        writer = ArchiveWriter(store, crawler.settings["DATABASE_URL"], config.retention_days, config.file_size,
-                               config.file_age, stats=crawler.stats)
+        writer = ArchiveWriter(
+            store,
+            crawler.settings["DATABASE_URL"],
+            config.retention_days,
+            config.file_size,
+            config.file_age,
+            stats=crawler.stats,
+        )
         writer.open()
         instance = (RequiredArchiveMiddleware if config.required else cls)(crawler, writer)
         crawler.signals.connect(instance.spider_closed, signal=signals.spider_closed)
-        logger.info("Archiving every response to %s", config.url if config.url.startswith("s3://") else
-                    f"the folder {config.url}")
+        logger.info(
+            "Archiving every response to %s",
+            config.url if config.url.startswith("s3://") else f"the folder {config.url}",
+        )
         return instance
 
     async def spider_closed(self) -> None:
@@ -102,10 +122,7 @@ class ArchiveMiddleware:
         if request.meta.get("dont_obey_robotstxt") and request.url.endswith("/robots.txt"):
             return None  # the robots.txt middleware's own fetch: no spider sees it
         spider = self.crawler.spider
-        headers = [
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, values in response.headers.items() for v in values
-        ]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, values in response.headers.items() for v in values]
         via_api = API_FLAG in response.flags
         return Entry(
             spider=spider.name,
@@ -113,7 +130,7 @@ class ArchiveMiddleware:
             url=response.url,
             target_url=(request.meta.get("redirect_urls") or [request.url])[0],
             fingerprint=self.crawler.request_fingerprinter.fingerprint(request).hex(),
-            fetched_at=datetime.now(timezone.utc),
+            fetched_at=datetime.now(UTC),
             status=response.status,
             reason=_REASONS.get(response.status, ""),
             headers=headers,
@@ -152,9 +169,13 @@ class RequiredArchiveMiddleware(ArchiveMiddleware):
         self.crawler.signals.send_catch_log(signal=lease_abandoned, request=request)
         if not self._stopping:
             self._stopping = True
-            logger.error("ARCHIVE_REQUIRED: the archive failed (%s), so the crawl stops (archive_failed, exit 5). "
-                         "Pages not archived are not acknowledged: the next run fetches them again once the "
-                         "archive's storage is fixed", self.writer.error)
+            logger.error(
+                "ARCHIVE_REQUIRED: the archive failed (%s), so the crawl stops (archive_failed, exit 5). "
+                "Pages not archived are not acknowledged: the next run fetches them again once the "
+                "archive's storage is fixed",
+                self.writer.error,
+            )
             deferred_from_coro(self.crawler.engine.close_spider_async(reason="archive_failed")).addErrback(
-                lambda f: logger.error("Could not stop the crawl: %s", f.value))
+                lambda f: logger.error("Could not stop the crawl: %s", f.value)
+            )
         raise IgnoreRequest(f"not archived (ARCHIVE_REQUIRED): {request.url}")

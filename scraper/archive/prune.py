@@ -17,9 +17,11 @@ def prune(conn: Any, store: Store, retention_days: float, now: datetime) -> tupl
         cur.execute("DELETE FROM archive_index WHERE fetched_at < %s RETURNING file, payload_file", (cutoff,))
         deleted = cur.fetchall()
         candidates = {f for row in deleted for f in row}
-        cur.execute("SELECT file FROM archive_index WHERE file = ANY(%(f)s)"
-                    " UNION SELECT payload_file FROM archive_index WHERE payload_file = ANY(%(f)s)",
-                    {"f": list(candidates)})
+        cur.execute(
+            "SELECT file FROM archive_index WHERE file = ANY(%(f)s)"
+            " UNION SELECT payload_file FROM archive_index WHERE payload_file = ANY(%(f)s)",
+            {"f": list(candidates)},
+        )
         kept = {row[0] for row in cur.fetchall()}
         # Deleted in the same transaction as the rows: a failure leaves both, never a dangling row.
         gone = sorted(candidates - kept)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -46,8 +47,14 @@ class Record:
     fingerprint: str
 
 
-def select_records(conn: Any, spider: str, run_id: int | None = None, since: datetime | None = None,
-                   url_glob: str | None = None, files: set[str] | None = None) -> list[Record]:
+def select_records(
+    conn: Any,
+    spider: str,
+    run_id: int | None = None,
+    since: datetime | None = None,
+    url_glob: str | None = None,
+    files: set[str] | None = None,
+) -> list[Record]:
     """The latest archived version of each page of *spider* matching the filters; with *files*,
     the latest of the versions whose bytes are in those files (one archive's)."""
     where, params = ["spider = %s"], [spider]
@@ -69,8 +76,9 @@ def select_records(conn: Any, spider: str, run_id: int | None = None, since: dat
         )
         records = [Record(*row) for row in cur.fetchall()]
     if url_glob:
-        records = [r for r in records if fnmatch.fnmatchcase(r.url, url_glob)
-                   or fnmatch.fnmatchcase(r.target_url, url_glob)]
+        records = [
+            r for r in records if fnmatch.fnmatchcase(r.url, url_glob) or fnmatch.fnmatchcase(r.target_url, url_glob)
+        ]
     return sorted(records, key=lambda r: r.id)
 
 
@@ -78,8 +86,7 @@ def load(store: Store, record: Record) -> tuple[int, list[tuple[str, str]], byte
     """Status, headers and body of *record*; a revisit's body comes from the record it points at."""
     kind, status, headers, body = warc.read_record(store.read(record.file, record.record_offset, record.record_length))
     if kind == "revisit":
-        _, _, _, body = warc.read_record(
-            store.read(record.payload_file, record.payload_offset, record.payload_length))
+        _, _, _, body = warc.read_record(store.read(record.payload_file, record.payload_offset, record.payload_length))
     return status, headers, body
 
 
@@ -88,8 +95,14 @@ def replay_request(record: Record, spider: Any) -> Request:
     callback = getattr(spider, saved["callback"], None) if saved.get("callback") else None
     meta = {**saved.get("meta", {}), RECORD_META: record}
     # The target URL, as the spider asked for it; the response is the final URL's.
-    return Request(record.target_url, callback=callback, method=saved.get("method", "GET"),
-                   cb_kwargs=saved.get("cb_kwargs") or {}, meta=meta, dont_filter=True)
+    return Request(
+        record.target_url,
+        callback=callback,
+        method=saved.get("method", "GET"),
+        cb_kwargs=saved.get("cb_kwargs") or {},
+        meta=meta,
+        dont_filter=True,
+    )
 
 
 BAD_RECORDS_NAMED = 20  # unreadable records named one by one in the log; the rest are counted
@@ -105,7 +118,7 @@ class ReplayDownloaderMiddleware:
         self._bad_records = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ReplayDownloaderMiddleware":
+    def from_crawler(cls, crawler: Any) -> ReplayDownloaderMiddleware:
         if not crawler.settings.getbool("ARCHIVE_REPLAY") or not hasattr(crawler, "replay_store"):
             raise NotConfigured("not replaying")
         return cls(crawler)
@@ -121,23 +134,33 @@ class ReplayDownloaderMiddleware:
             self.crawler.stats.inc_value("reprocess/unreadable")
             if record.file not in self._unreadable:
                 self._unreadable.add(record.file)
-                logger.warning("reprocess: cannot read %s from the archive (%s: %s); its damaged records are "
-                               "skipped, every good one is replayed", record.file, type(exc).__name__, exc)
+                logger.warning(
+                    "reprocess: cannot read %s from the archive (%s: %s); its damaged records are "
+                    "skipped, every good one is replayed",
+                    record.file,
+                    type(exc).__name__,
+                    exc,
+                )
             self._bad_records += 1
             if self._bad_records <= BAD_RECORDS_NAMED:
-                logger.warning("reprocess: skipped %s: its record at %s bytes %d-%d cannot be read", record.url,
-                               record.file, record.record_offset, record.record_offset + record.record_length)
+                logger.warning(
+                    "reprocess: skipped %s: its record at %s bytes %d-%d cannot be read",
+                    record.url,
+                    record.file,
+                    record.record_offset,
+                    record.record_offset + record.record_length,
+                )
             elif self._bad_records == BAD_RECORDS_NAMED + 1:
-                logger.warning("reprocess: more unreadable records: the rest are counted, not named "
-                               "(stat reprocess/unreadable)")
+                logger.warning(
+                    "reprocess: more unreadable records: the rest are counted, not named (stat reprocess/unreadable)"
+                )
             raise IgnoreRequest(f"archive record unreadable: {record.url}") from None
         scrapy_headers = Headers()
         for name, value in headers:
             scrapy_headers.appendlist(name, value)
         cls = responsetypes.from_args(headers=scrapy_headers, url=record.url, body=body)
         self.crawler.stats.inc_value("reprocess/pages")
-        return cls(url=record.url, status=status, headers=scrapy_headers, body=body, request=request,
-                   flags=["archive"])
+        return cls(url=record.url, status=status, headers=scrapy_headers, body=body, request=request, flags=["archive"])
 
 
 class ReplaySpiderMiddleware:
@@ -151,7 +174,7 @@ class ReplaySpiderMiddleware:
         self.found: dict[str, Request] = {}
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ReplaySpiderMiddleware":
+    def from_crawler(cls, crawler: Any) -> ReplaySpiderMiddleware:
         if not crawler.settings.getbool("ARCHIVE_REPLAY") or not hasattr(crawler, "replay_records"):
             raise NotConfigured("not replaying")
         instance = cls(crawler)
@@ -193,7 +216,7 @@ class ReplayProgress:
         self.loop = task.LoopingCall(self.log)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ReplayProgress":
+    def from_crawler(cls, crawler: Any) -> ReplayProgress:
         if not crawler.settings.getbool("ARCHIVE_REPLAY") or not hasattr(crawler, "replay_records"):
             raise NotConfigured("not replaying")
         ext = cls(crawler)
@@ -215,8 +238,10 @@ class ReplayProgress:
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = done / elapsed
         eta = (self.total - done) / rate if rate else float("inf")
-        return (f"reprocess: {done}/{self.total} pages, {rate:.0f} pages/s, "
-                f"ETA {'-' if eta == float('inf') else f'{eta:.0f} s'}")
+        return (
+            f"reprocess: {done}/{self.total} pages, {rate:.0f} pages/s, "
+            f"ETA {'-' if eta == float('inf') else f'{eta:.0f} s'}"
+        )
 
     def log(self) -> None:
         logger.info("%s", self.line())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from ..secrets import redact
 
@@ -32,7 +33,7 @@ class FolderStore:
     readable_while_open = True
 
     def __init__(self, root: str) -> None:
-        self.root = root[len("file://"):] if root.startswith("file://") else root
+        self.root = root[len("file://") :] if root.startswith("file://") else root
         # A folder is this machine's: the same path on two machines is two archives.
         self.location = f"file://{socket.gethostname()}{os.path.abspath(self.root)}"
 
@@ -68,7 +69,7 @@ class S3Store:
     def __init__(self, url: str, spool: str, endpoint: str | None = None) -> None:
         import boto3
 
-        bucket, _, prefix = url[len("s3://"):].partition("/")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" + (f" at {redact(endpoint)}" if endpoint else "")
@@ -78,8 +79,11 @@ class S3Store:
         # Credentials and region come from the environment (AWS_*), as boto3 reads them. Bounded
         # timeouts and retries: a bucket that stops answering fails the upload (and stops the
         # archive, loudly) within about a minute, never holding the crawl's shutdown for longer.
-        self.client: Any = boto3.client("s3", endpoint_url=endpoint, config=Config(
-            connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}))
+        self.client: Any = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+        )
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -95,8 +99,9 @@ class S3Store:
         os.remove(path)
 
     def read(self, name: str, offset: int, length: int) -> bytes:
-        answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name),
-                                        Range=f"bytes={offset}-{offset + length - 1}")
+        answer = self.client.get_object(
+            Bucket=self.bucket, Key=self._key(name), Range=f"bytes={offset}-{offset + length - 1}"
+        )
         return answer["Body"].read()
 
     def delete(self, name: str) -> None:
@@ -104,11 +109,12 @@ class S3Store:
 
     def names(self) -> Iterator[str]:
         pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "")
+            Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else ""
+        )
         for page in pages:
             for obj in page.get("Contents", []):
                 key = obj["Key"]
-                yield key[len(self.prefix) + 1:] if self.prefix else key
+                yield key[len(self.prefix) + 1 :] if self.prefix else key
 
 
 def store_for(url: str, data_dir: str, endpoint: str | None = None) -> Store:

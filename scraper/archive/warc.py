@@ -21,9 +21,16 @@ from warcio.warcwriter import WARCWriter
 from ..secrets import redact
 
 _DROPPED = {
-    "cookie", "set-cookie", "set-cookie2", "authorization", "proxy-authorization", "x-api-key",
+    "cookie",
+    "set-cookie",
+    "set-cookie2",
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
     # The body is archived decoded: these described the bytes on the wire, not these.
-    "transfer-encoding", "content-encoding", "content-length",
+    "transfer-encoding",
+    "content-encoding",
+    "content-length",
 }
 
 
@@ -39,9 +46,17 @@ def warc_date(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def response_record(url: str, status: int, reason: str, headers: list[tuple[str, str]], body: bytes | None,
-                    when: datetime, extra: dict[str, str],
-                    refers_to: tuple[str, datetime] | None = None, digest: str = "") -> bytes:
+def response_record(
+    url: str,
+    status: int,
+    reason: str,
+    headers: list[tuple[str, str]],
+    body: bytes | None,
+    when: datetime,
+    extra: dict[str, str],
+    refers_to: tuple[str, datetime] | None = None,
+    digest: str = "",
+) -> bytes:
     """A gzip member holding one ``response`` record, or a ``revisit`` of *refers_to* (its
     body is not stored again)."""
     out = io.BytesIO()
@@ -50,14 +65,22 @@ def response_record(url: str, status: int, reason: str, headers: list[tuple[str,
     warc_headers = {"WARC-Date": warc_date(when), **{k: redact(v) for k, v in extra.items() if v}}
     if refers_to is None:
         assert body is not None
-        http = StatusAndHeaders(f"{status} {reason}".strip(), kept + [("Content-Length", str(len(body)))],
-                                protocol="HTTP/1.1")
-        record = writer.create_warc_record(redact(url), "response", payload=io.BytesIO(body),
-                                           http_headers=http, warc_headers_dict=warc_headers)
+        http = StatusAndHeaders(
+            f"{status} {reason}".strip(), kept + [("Content-Length", str(len(body)))], protocol="HTTP/1.1"
+        )
+        record = writer.create_warc_record(
+            redact(url), "response", payload=io.BytesIO(body), http_headers=http, warc_headers_dict=warc_headers
+        )
     else:
         http = StatusAndHeaders(f"{status} {reason}".strip(), kept, protocol="HTTP/1.1")
-        record = writer.create_revisit_record(redact(url), digest, redact(refers_to[0]), warc_date(refers_to[1]),
-                                              http_headers=http, warc_headers_dict=warc_headers)
+        record = writer.create_revisit_record(
+            redact(url),
+            digest,
+            redact(refers_to[0]),
+            warc_date(refers_to[1]),
+            http_headers=http,
+            warc_headers_dict=warc_headers,
+        )
     writer.write_record(record)
     return out.getvalue()
 

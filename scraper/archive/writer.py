@@ -26,9 +26,10 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg2
 
@@ -59,8 +60,9 @@ class Entry:
 
 
 class ArchiveWriter:
-    def __init__(self, store: Store, dsn: str, retention_days: float, file_size: int, file_age: float,
-                 stats: Any = None) -> None:
+    def __init__(
+        self, store: Store, dsn: str, retention_days: float, file_size: int, file_age: float, stats: Any = None
+    ) -> None:
         self.store = store
         self.dsn = dsn
         self.retention_days = retention_days
@@ -167,8 +169,10 @@ class ArchiveWriter:
                 except OSError:
                     pass
             self._file = None
-        logger.error("Archive stopped: %s. The crawl goes on; pages from now on are not archived "
-                     "(stat archive/not_archived)", self.error)
+        logger.error(
+            "Archive stopped: %s. The crawl goes on; pages from now on are not archived (stat archive/not_archived)",
+            self.error,
+        )
         if self.stats is not None:
             self.stats.inc_value("archive/errors")
             self.stats.set_value("archive/failed", 1)
@@ -189,11 +193,12 @@ class ArchiveWriter:
             self.stats.inc_value("archive/not_archived", count)
 
     def _new_file(self, spider: str) -> None:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         self._seq += 1
         host = socket.gethostname().split(".")[0]
-        self._name = (f"{spider}/{now:%Y/%m/%d}/{spider}-{now:%Y%m%dT%H%M%S}-{host}-{os.getpid()}-"
-                      f"{self._seq:05d}.warc.gz")
+        self._name = (
+            f"{spider}/{now:%Y/%m/%d}/{spider}-{now:%Y%m%dT%H%M%S}-{host}-{os.getpid()}-{self._seq:05d}.warc.gz"
+        )
         self._file = open(self.store.local_path(self._name), "ab")
         self._opened = time.monotonic()
         self._indexed_end = 0
@@ -242,8 +247,15 @@ class ArchiveWriter:
             "WARC-Scraper-Fingerprint": e.fingerprint,
         }
         data = warc.response_record(
-            e.url, e.status, e.reason, e.headers, None if earlier else e.body, e.fetched_at, extra,
-            refers_to=(earlier[0], earlier[1]) if earlier else None, digest=digest,
+            e.url,
+            e.status,
+            e.reason,
+            e.headers,
+            None if earlier else e.body,
+            e.fetched_at,
+            extra,
+            refers_to=(earlier[0], earlier[1]) if earlier else None,
+            digest=digest,
         )
         offset = self._file.tell()
         self._file.write(data)
@@ -254,11 +266,29 @@ class ArchiveWriter:
             self._digests[digest] = (e.url, e.fetched_at, self._name, offset, len(data))
             if len(self._digests) > _DIGEST_CACHE:
                 self._digests.popitem(last=False)
-        self._unindexed.append(index.IndexRow(
-            e.spider, e.run_id, redact(e.url), redact(e.target_url), e.fingerprint, e.fetched_at, e.status, e.via,
-            e.provider, "revisit" if earlier else "response", self._name, offset, len(data), digest,
-            payload[0], payload[1], payload[2], e.request, self.store.location,
-        ))
+        self._unindexed.append(
+            index.IndexRow(
+                e.spider,
+                e.run_id,
+                redact(e.url),
+                redact(e.target_url),
+                e.fingerprint,
+                e.fetched_at,
+                e.status,
+                e.via,
+                e.provider,
+                "revisit" if earlier else "response",
+                self._name,
+                offset,
+                len(data),
+                digest,
+                payload[0],
+                payload[1],
+                payload[2],
+                e.request,
+                self.store.location,
+            )
+        )
         self._pending = False
         if self.stats is not None:
             self.stats.inc_value("archive/records")

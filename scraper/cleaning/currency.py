@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from importlib import resources
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from .currency_index import INDEX_NAME, normalise_mark
@@ -85,9 +85,8 @@ _PREFERRED: dict[str, str] = {"c$": "CAD"}
 # ISO 4217 minor units where CLDR's rounding digits differ (CLDR rounds these to whole units
 # for display); storage keeps what the standard defines.
 _ISO_MINOR_UNITS: dict[str, int] = {
-    "IQD": 3, **dict.fromkeys(
-        "AFN ALL IRR KPW LAK LBP MGA MMK RSD SLL SOS SYP YER".split(), 2
-    ),
+    "IQD": 3,
+    **dict.fromkeys("AFN ALL IRR KPW LAK LBP MGA MMK RSD SLL SOS SYP YER".split(), 2),
 }
 
 # "AU$", "TT$", "CAD$": a territory or an ISO code glued to a dollar sign.
@@ -166,9 +165,7 @@ def _decide(mark: str, codes: tuple[str, ...], default: str | None, territory: s
     if preferred in codes:
         return CurrencyReading(preferred)
     listed = ", ".join(sorted(codes)[:8])
-    return CurrencyReading(
-        problem=f"ambiguous currency {mark!r} ({listed}): set the spider's default_currency"
-    )
+    return CurrencyReading(problem=f"ambiguous currency {mark!r} ({listed}): set the spider's default_currency")
 
 
 def _is_letter(mark: str) -> bool:

@@ -85,8 +85,11 @@ def build_index() -> dict[str, Any]:
         "babel": __import__("babel").__version__,
         "codes": sorted(list_currencies()),
         "current": sorted(current),
-        "precision": {code: get_currency_precision(code) for code in sorted(list_currencies())
-                      if get_currency_precision(code) != 2},
+        "precision": {
+            code: get_currency_precision(code)
+            for code in sorted(list_currencies())
+            if get_currency_precision(code) != 2
+        },
         "symbols": ranked(symbols),
         "names": ranked(names),
         "preferred": dict(sorted(preferred.items())),

@@ -122,8 +122,7 @@ def _names_month(tag: str, text: str, month: int) -> bool:
     for names in (_month_names(tag), _month_names("en")):
         found = [(number, name) for number, words in names.items() for name in words if name in folded]
         # "juni" also contains "jun": a name inside a longer name found for another month is not one.
-        named = {number for number, name in found
-                 if not any(name != other and name in other for _n, other in found)}
+        named = {number for number, name in found if not any(name != other and name in other for _n, other in found)}
         if named:
             # One month, the one read; a name CLDR gives to two months (st "Jan") decides nothing.
             return named == {month}

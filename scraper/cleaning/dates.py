@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import date, datetime, timezone as dt_timezone, tzinfo
+from datetime import UTC, date, datetime, tzinfo
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -32,7 +32,7 @@ from .date_locale import locale_reading
 
 __all__ = ["parse_date"]
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 # Needs a full Y-M-D so fromisoformat never sees bare years or "2026-11".
 _ISO_LIKE = re.compile(r"^\d{4}-?\d{2}-?\d{2}(?:[T ]|$)")
@@ -95,8 +95,9 @@ def parse_date(
     return _parse_string(text, date_order, timezone, languages)
 
 
-def _parse_string(text: str, date_order: str | None, timezone: str, languages: list[str] | None,
-                  relative: bool = True) -> datetime | None:
+def _parse_string(
+    text: str, date_order: str | None, timezone: str, languages: list[str] | None, relative: bool = True
+) -> datetime | None:
     if _EPOCH.match(text):
         return _from_epoch(int(text))
     if _ISO_LIKE.match(text):
@@ -121,9 +122,20 @@ def _parse_string(text: str, date_order: str | None, timezone: str, languages: l
 _MONTHS = {
     name: number
     for number, names in enumerate(
-        [("jan", "january"), ("feb", "february"), ("mar", "march"), ("apr", "april"), ("may",),
-         ("jun", "june"), ("jul", "july"), ("aug", "august"), ("sep", "sept", "september"),
-         ("oct", "october"), ("nov", "november"), ("dec", "december")],
+        [
+            ("jan", "january"),
+            ("feb", "february"),
+            ("mar", "march"),
+            ("apr", "april"),
+            ("may",),
+            ("jun", "june"),
+            ("jul", "july"),
+            ("aug", "august"),
+            ("sep", "sept", "september"),
+            ("oct", "october"),
+            ("nov", "november"),
+            ("dec", "december"),
+        ],
         start=1,
     )
     for name in names
@@ -223,9 +235,7 @@ def _from_iso(text: str, timezone: str) -> datetime | None:
 
 
 @lru_cache(maxsize=8192)
-def _parse_absolute(
-    text: str, date_order: str | None, timezone: str, languages: tuple[str, ...]
-) -> datetime | None:
+def _parse_absolute(text: str, date_order: str | None, timezone: str, languages: tuple[str, ...]) -> datetime | None:
     return _parse_text(text, date_order, timezone, languages, _ABSOLUTE_PARSERS)
 
 

@@ -97,7 +97,7 @@ def normalise_numbers(text: str, symbols: NumberSymbols | None) -> str:
     out: list[str] = []
     last = 0
     for found in symbols.run.finditer(text):
-        out.append(text[last:found.start()])
+        out.append(text[last : found.start()])
         try:
             out.append(_read_run(found.group(), symbols))
         except NumberError:
@@ -182,9 +182,13 @@ def _read_run(run: str, symbols: NumberSymbols) -> str:
     if len(whole) > 1:
         last, middle, first = whole[-1], whole[1:-1], whole[0]
         sizes = {symbols.secondary, 3}
-        if len(last) not in (symbols.primary, 3) or not 1 <= len(first) <= max(sizes) \
-                or len({len(p) for p in middle} - sizes) \
-                or len({len(p) for p in middle}) > 1 or (middle and len(first) > len(middle[0])):
+        if (
+            len(last) not in (symbols.primary, 3)
+            or not 1 <= len(first) <= max(sizes)
+            or len({len(p) for p in middle} - sizes)
+            or len({len(p) for p in middle}) > 1
+            or (middle and len(first) > len(middle[0]))
+        ):
             raise NumberError(f"the digit groups do not fit {where}; {fix}")
     if kinds[-1] == "d":
         return "".join(whole) + "." + parts[-1]

@@ -27,9 +27,7 @@ __all__ = ["PriceReading", "parse_price", "read_price"]
 # phone numbers), not a shop price.
 _MAX_AMOUNT = Decimal(10) ** 9
 
-_FREE = re.compile(
-    r"^\W*(?:free|gratis|gratuit|gratuito|kostenlos|umsonst)\W*$", re.IGNORECASE
-)
+_FREE = re.compile(r"^\W*(?:free|gratis|gratuit|gratuito|kostenlos|umsonst)\W*$", re.IGNORECASE)
 
 # Plain machine numbers (JSON-LD, data attributes) skip price-parser. "1.299"
 # is excluded on purpose: on European pages it means 1299 and price-parser
@@ -44,7 +42,7 @@ _THREE_DECIMALS = {
 
 _MINUS = ("-", "\u2212")
 # Punctuation around a mark that is not part of it ("US$:", "(USD", "€*").
-_MARK_EDGES = " \t:;,()[]{}*!?\"«»–—|"
+_MARK_EDGES = ' \t:;,()[]{}*!?"«»–—|'
 _DIGIT_RUN = re.compile(r"\d[\d.,'’\s]*\d|\d")
 _RANGE = re.compile(r"^\s*(?:-|–|—|~|to|bis|à|a|al|до)\s+\d", re.IGNORECASE)
 _NOW = re.compile(r"\b(?:now|jetzt|nu|maintenant|ahora|ora|sale)\W*\S*$", re.IGNORECASE)
@@ -167,13 +165,20 @@ def read_price(
         for mark, pattern in _THREE_DECIMALS.items():
             if pattern.match(parsed.amount_text or ""):
                 amount = Price.fromstring(parsed.amount_text or "", decimal_separator=mark).amount or amount
-    if symbols is not None and amount is not None and amount.as_tuple().exponent == -3 \
-            and currency.code and minor_units(currency.code) < 3:
+    if (
+        symbols is not None
+        and amount is not None
+        and amount.as_tuple().exponent == -3
+        and currency.code
+        and minor_units(currency.code) < 3
+    ):
         # "1.234 €" on an "en" page: the locale reads 1.234, a price in euros has no third
         # decimal, and the writer most likely meant 1234. Neither is stored as a guess.
-        return PriceReading(problem=f"three decimals for {currency.code}, which has {minor_units(currency.code)}: "
-                                    f"a decimal mark by locale {symbols.locale} or a thousands grouping? "
-                                    "declare the page's locale (meta 'locale')")
+        return PriceReading(
+            problem=f"three decimals for {currency.code}, which has {minor_units(currency.code)}: "
+            f"a decimal mark by locale {symbols.locale} or a thousands grouping? "
+            "declare the page's locale (meta 'locale')"
+        )
     return _finish(amount, currency)
 
 
@@ -309,7 +314,7 @@ def _marked_number(
     for match in _DIGIT_RUN.finditer(text, after):
         currency = _currency_around(text, match.start(), match.end(), default, territory)
         if currency is not None and currency.code:
-            parsed = Price.fromstring(text[match.start():match.end()], decimal_separator=decimal_separator)
+            parsed = Price.fromstring(text[match.start() : match.end()], decimal_separator=decimal_separator)
             if parsed.amount is not None and not _is_negative(text, match.start(), None):
                 found.append((match.start(), parsed, currency))
     if not found:
@@ -333,5 +338,5 @@ def _hinted(hint: str | None, default: str | None, territory: str | None) -> Cur
 
 
 def _symbol_runs(token: str) -> list[str]:
-    """"€HT" -> "€", "MSRP:$" -> "$": a sign glued to a word."""
+    """ "€HT" -> "€", "MSRP:$" -> "$": a sign glued to a word."""
     return [run.strip("/*") for run in re.findall(r"[^\w\s]+", token) if run.strip("/*.:")]

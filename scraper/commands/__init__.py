@@ -16,8 +16,7 @@ def backends_or_report(command: Any, need_postgres: bool = True, need_redis: boo
     """Resolve Redis and Postgres (or only the one needed) for an operator command; on a bad
     setting, print the one-line error, set exit status 2 and return None."""
     try:
-        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres,
-                              need_redis=need_redis)
+        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres, need_redis=need_redis)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         command.exitcode = 2

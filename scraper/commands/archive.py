@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import sys
 from argparse import ArgumentParser, Namespace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg2
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from . import backends_or_report
 from ..archive import index
 from ..archive.config import read_config
 from ..archive.prune import prune
 from ..archive.store import store_for
 from ..config import ConfigError
+from . import backends_or_report
 from .reprocess import parse_since
 
 
@@ -47,7 +47,7 @@ class Command(ScrapyCommand):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 2
             return
-        now = parse_since(opts.now) if opts.now else datetime.now(timezone.utc)
+        now = parse_since(opts.now) if opts.now else datetime.now(UTC)
         store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
         conn = psycopg2.connect(found.database_url)
         try:

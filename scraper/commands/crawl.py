@@ -28,8 +28,11 @@ class Command(ScrapyCrawl):
 
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--fresh", action="store_true",
-                            help="discard the spider's stopped run (its queued requests) and start a new one")
+        parser.add_argument(
+            "--fresh",
+            action="store_true",
+            help="discard the spider's stopped run (its queued requests) and start a new one",
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) != 1:
@@ -85,13 +88,17 @@ def stopped_by_fault(reason: object) -> bool:
 def _refuse_fresh_while_running(redis_url: str, spider: str, settings: object) -> None:
     from ..config import get_float
     from ..queue import keys
-    from ..queue.nodes import NodeRegistry
     from ..redis_client import get_redis
+    from ..runs.nodes import NodeRegistry
 
     server = get_redis(redis_url)
     keys.migrate_legacy(server, spider)
-    live = NodeRegistry(server, keys.nodes_key(spider), ttl=get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)).live()
+    live = NodeRegistry(
+        server, keys.nodes_key(spider), ttl=get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
+    ).live()
     if live:
         run_id = (server.hget(keys.run_key(spider), "id") or b"?").decode()
-        raise ConfigError(f"--fresh: run {run_id} of {spider} has {len(live)} live node(s); stop them first, "
-                          "or start without --fresh to join it")
+        raise ConfigError(
+            f"--fresh: run {run_id} of {spider} has {len(live)} live node(s); stop them first, "
+            "or start without --fresh to join it"
+        )

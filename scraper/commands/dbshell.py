@@ -49,7 +49,9 @@ def split_password(url: str) -> tuple[str, str | None]:
         return url, None
     host = parts.netloc.rpartition("@")[2]
     user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment)), unquote(parts.password)
+    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment)), unquote(
+        parts.password
+    )
 
 
 class Command(ScrapyCommand):

@@ -18,9 +18,7 @@ from scrapy.commands import ScrapyCommand
 
 from .. import addon, backends
 from ..config import ConfigError, mask_url
-from ..demo_site import Catalog, DemoSite
 from ..extensions.summary import summarize
-from ..scraping_api.standin import StandIn
 
 
 def quality_report(database_url: str, run_id: int | None) -> None:
@@ -52,20 +50,33 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--products", type=int, default=500, help="products in the demo shop (500)")
         parser.add_argument(
-            "--port", type=int, default=8765,
+            "--port",
+            type=int,
+            default=8765,
             help="port of the demo shop (8765); product URLs include it, so keep it fixed between runs",
         )
         parser.add_argument("--reprice", type=int, default=0, help="change the price of N products")
         parser.add_argument(
-            "--break-layout", type=float, nargs="?", const=0.5, default=0.0, metavar="SHARE",
+            "--break-layout",
+            type=float,
+            nargs="?",
+            const=0.5,
+            default=0.0,
+            metavar="SHARE",
             help="serve a share of product pages (0.5) in a layout the spider does not know: the data-quality drill",
         )
         parser.add_argument(
-            "--api", action="store_true",
+            "--api",
+            action="store_true",
             help="fetch every page through the local scraping-API stand-in (AlterLab's wire contract)",
         )
 
     def run(self, args: list[str], opts: Namespace) -> None:
+        # Development tools, not in the egg scrapyd runs: loaded only when the demo runs (Scrapy
+        # imports every command module for every command, scrapyd's jobs included).
+        from ..demo_site import Catalog, DemoSite
+        from ..scraping_api.standin import StandIn
+
         assert self.crawler_process
         catalog = Catalog(products=opts.products, reprice=opts.reprice)
         try:
@@ -122,7 +133,9 @@ class Command(ScrapyCommand):
         stats = crawler.stats.get_stats()
         print(f"\ndemo: {summarize(stats, elapsed)}")
         if api is not None:
-            print(f"demo: {stats.get('scraping_api/credits', 0):.0f} microcents spent through the scraping-API stand-in")
+            print(
+                f"demo: {stats.get('scraping_api/credits', 0):.0f} microcents spent through the scraping-API stand-in"
+            )
         conn = psycopg2.connect(found.database_url)
         try:
             with conn.cursor() as cur:

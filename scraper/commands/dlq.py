@@ -1,11 +1,11 @@
 """``scrapy dlq``: the dead letters of a spider.
 
-    scrapy dlq list <spider> [--reason PREFIX]      one line per dead letter, newest last
-    scrapy dlq show <spider> N [--json]             one dead letter in full, request included
-    scrapy dlq requeue <spider> (--all | --reason PREFIX)
-                                                    back into the shared queue, past the seen-set,
-                                                    with their retry counters reset
-    scrapy dlq purge <spider> [--reason PREFIX]     delete them
+scrapy dlq list <spider> [--reason PREFIX]      one line per dead letter, newest last
+scrapy dlq show <spider> N [--json]             one dead letter in full, request included
+scrapy dlq requeue <spider> (--all | --reason PREFIX)
+                                                back into the shared queue, past the seen-set,
+                                                with their retry counters reset
+scrapy dlq purge <spider> [--reason PREFIX]     delete them
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
-from ..queue import serializer, signing
+from ..queue import keys, serializer, shards, signing
 from ..queue.dead_letters import DeadLetters
-from ..queue import keys, shards
 from ..redis_client import get_redis
 from . import SpiderName, backends_or_report, report_error, spider_or_report
 
@@ -100,16 +99,21 @@ class Command(ScrapyCommand):
         letters = DeadLetters(server, SpiderName(spider), shards.for_spider(server, spider, self.settings))
         leaked = letters.purge_api_calls()
         if leaked:
-            print(f"warning: deleted {leaked} dead letter(s) that were scraping-API calls recorded by an earlier "
-                  f"version: they held the API key (rotate the key if others can read this Redis)", file=sys.stderr)
+            print(
+                f"warning: deleted {leaked} dead letter(s) that were scraping-API calls recorded by an earlier "
+                f"version: they held the API key (rotate the key if others can read this Redis)",
+                file=sys.stderr,
+            )
         if action == "list":
             shown = 0
             for index, letter in letters.entries():
                 if opts.reason and not letter["reason"].startswith(opts.reason):
                     continue
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(letter["at"]))
-                print(f"{index:>5}  {when}  attempts={letter['attempts']}  count={letter.get('count', 1)}  "
-                      f"{letter['reason']}  {letter['url'] or '-'}")
+                print(
+                    f"{index:>5}  {when}  attempts={letter['attempts']}  count={letter.get('count', 1)}  "
+                    f"{letter['reason']}  {letter['url'] or '-'}"
+                )
                 shown += 1
             print(f"{shown} dead letter(s) shown, {len(letters)} in all for {spider!r}")
         elif action == "show":

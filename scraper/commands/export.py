@@ -15,10 +15,11 @@ import json
 import re
 import sys
 from argparse import ArgumentParser, Namespace
+from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 import psycopg2
 from psycopg2 import sql
@@ -77,8 +78,9 @@ def since_condition(value: str, column: str) -> sql.Composable:
     age = _AGE.match(value.strip())
     if age:
         amount, unit = age.groups()
-        return sql.SQL("{} >= now() - {}::interval").format(sql.Identifier(column),
-                                                             sql.Literal(f"{amount} {_UNITS[unit]}"))
+        return sql.SQL("{} >= now() - {}::interval").format(
+            sql.Identifier(column), sql.Literal(f"{amount} {_UNITS[unit]}")
+        )
     return sql.SQL("{} >= {}::timestamptz").format(sql.Identifier(column), sql.Literal(value))
 
 
@@ -133,12 +135,17 @@ class Command(ScrapyCommand):
                 cursor.itersize = BATCH
                 try:
                     cursor.execute(query)
-                    target = (nullcontext(sys.stdout) if opts.output == "-"
-                              else open(opts.output, "w", encoding="utf-8", newline=""))
+                    target = (
+                        nullcontext(sys.stdout)
+                        if opts.output == "-"
+                        else open(opts.output, "w", encoding="utf-8", newline="")
+                    )
                     with target as out:
                         count = write_rows(out, fmt, columns, iter(cursor))
                 except psycopg2.Error as exc:
-                    option = "--since" if opts.since and "timestamp" in str(exc) else "--where" if opts.where else "query"
+                    option = (
+                        "--since" if opts.since and "timestamp" in str(exc) else "--where" if opts.where else "query"
+                    )
                     message = getattr(exc.diag, "message_primary", None) or str(exc).splitlines()[0]
                     return report_error(self, f"export: {option}: {redact(message)}")
         finally:
@@ -158,6 +165,8 @@ class Command(ScrapyCommand):
     @staticmethod
     def _tables(conn: Any) -> list[str]:
         with conn.cursor() as cur:
-            cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-                        "ORDER BY table_name")
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                "ORDER BY table_name"
+            )
             return [name for (name,) in cur.fetchall()]

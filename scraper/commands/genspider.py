@@ -34,8 +34,9 @@ def start_url(target: str) -> str:
     if "://" in target:
         parts = urlsplit(target)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"<domain>: expected a host, host:port or an http(s) URL, got {target!r}",
-                             print_help=False)
+            raise UsageError(
+                f"<domain>: expected a host, host:port or an http(s) URL, got {target!r}", print_help=False
+            )
         return target
     parts = urlsplit(f"//{target}")
     try:

@@ -13,8 +13,8 @@ import psycopg2
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from . import backends_or_report
 from ..items import stored_item_types
+from . import backends_or_report
 
 
 def format_change(kind: str, changes: dict) -> str:
@@ -58,7 +58,9 @@ class Command(ScrapyCommand):
             with conn, conn.cursor() as cur:
                 cur.execute(
                     "SELECT at, kind, reason, run_id, changes FROM item_changes WHERE item_table = %s AND key = %s::jsonb"
-                    " ORDER BY at, id", (table, json.dumps(values)))
+                    " ORDER BY at, id",
+                    (table, json.dumps(values)),
+                )
                 rows = cur.fetchall()
         finally:
             conn.close()

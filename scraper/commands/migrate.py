@@ -7,9 +7,9 @@ from argparse import Namespace
 import psycopg2
 from scrapy.commands import ScrapyCommand
 
-from . import backends_or_report
 from ..items import stored_item_types
 from ..storage import schema
+from . import backends_or_report
 
 
 class Command(ScrapyCommand):

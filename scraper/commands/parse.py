@@ -34,7 +34,9 @@ class Command(ScrapyParse):
         as_yielded = [copy.deepcopy(item) for item in items]
         plain = Namespace(**{**vars(opts), "pipelines": False})
         d = deferred_from_coro(self._through_pipelines(items))
-        d.addCallback(lambda _: super(Command, self).scraped_data((as_yielded, requests, plain, depth, spider, callback)))
+        d.addCallback(
+            lambda _: super(Command, self).scraped_data((as_yielded, requests, plain, depth, spider, callback))
+        )
         return d
 
     async def _through_pipelines(self, items: list[Any]) -> None:

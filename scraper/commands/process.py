@@ -64,8 +64,14 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("-a", dest="spargs", action="append", default=[], metavar="NAME=VALUE",
-                            help="spider argument (may be repeated)")
+        parser.add_argument(
+            "-a",
+            dest="spargs",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="spider argument (may be repeated)",
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         assert self.crawler_process
@@ -80,8 +86,11 @@ class Command(ScrapyCommand):
             return
         for key, value in PROCESSOR_SETTINGS.items():
             crawler.settings.set(key, value, priority="cmdline")
-        for setting, overrides in (("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
-                                   ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES), ("EXTENSIONS", EXTENSION_OVERRIDES)):
+        for setting, overrides in (
+            ("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
+            ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES),
+            ("EXTENSIONS", EXTENSION_OVERRIDES),
+        ):
             crawler.settings.set(setting, {**crawler.settings.getdict(setting), **overrides}, priority="cmdline")
         try:
             addon.validate(crawler.settings)

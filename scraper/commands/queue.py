@@ -19,16 +19,15 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
-from . import SpiderName, backends_or_report, spider_or_report
 from ..config import ConfigError
+from ..politeness.adaptive import ADAPTIVE_KEY, parse_rates
 from ..queue import keys
 from ..queue.dupefilter import seen_config, seen_size
 from ..queue.queues import frontier
-from ..politeness.adaptive import ADAPTIVE_KEY, parse_rates
 from ..redis_client import get_redis
+from . import SpiderName, backends_or_report, spider_or_report
 
 NODE_TTL = 60.0
-
 
 
 def snapshot(server: Any, name: str, now: float | None = None, settings: Any = None) -> dict[str, Any]:
@@ -123,13 +122,17 @@ class Command(ScrapyCommand):
             for row in rows:
                 print(json.dumps({**row, "adaptive_rates": shared}))
             return
-        print(f"{'spider':16}{'queued':>9}{'oldest':>8}{'nodes':>7}{'in-flight':>10}{'seen':>10}"
-              f"{'pages/min':>11}{'items/min':>11}")
+        print(
+            f"{'spider':16}{'queued':>9}{'oldest':>8}{'nodes':>7}{'in-flight':>10}{'seen':>10}"
+            f"{'pages/min':>11}{'items/min':>11}"
+        )
         for r in rows:
-            print(f"{r['spider']:16}{r['depth']:>9}{_age(r['oldest_age']):>8}{r['nodes']:>7}{r['inflight']:>10}"
-                  f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
-                  + (f"   ({r['responses']} responses wait for `scrapy process {r['spider']}`)" if r["responses"] else "")
-                  + (f"   ({r['dead']} dead letters: scrapy dlq list {r['spider']})" if r["dead"] else ""))
+            print(
+                f"{r['spider']:16}{r['depth']:>9}{_age(r['oldest_age']):>8}{r['nodes']:>7}{r['inflight']:>10}"
+                f"{r['seen']:>10}{r['pages_per_min']:>11.0f}{r['items_per_min']:>11.0f}"
+                + (f"   ({r['responses']} responses wait for `scrapy process {r['spider']}`)" if r["responses"] else "")
+                + (f"   ({r['dead']} dead letters: scrapy dlq list {r['spider']})" if r["dead"] else "")
+            )
         self._print_rates(rates)
 
     def _print_rates(self, rates: dict[str, tuple[float, float]]) -> None:

@@ -13,24 +13,24 @@ import sys
 import time
 import uuid
 from argparse import ArgumentParser, Namespace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg2
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from . import backends_or_report
 from ..archive import index
 from ..archive.config import read_config
 from ..archive.replay import select_records
 from ..archive.store import store_for
 from ..config import ConfigError
 from ..extensions.summary import summarize
-from ..secrets import redact
 from ..queue import keys
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.queues import frontier
 from ..redis_client import get_redis
+from ..secrets import redact
+from . import backends_or_report
 
 REPLAY_SETTINGS = {
     "ARCHIVE_REPLAY": True,
@@ -75,7 +75,7 @@ def parse_since(value: str) -> datetime:
         when = datetime.fromisoformat(value)
     except ValueError:
         raise UsageError(f"--since: {value!r} is not a date (YYYY-MM-DD or an ISO 8601 time)") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class Command(ScrapyCommand):
@@ -93,8 +93,14 @@ class Command(ScrapyCommand):
         parser.add_argument("--since", default=None, help="only pages fetched since this date")
         parser.add_argument("--url", default=None, help="only URLs matching this glob")
         parser.add_argument("--follow", action="store_true", help="queue new links found for the next crawl")
-        parser.add_argument("-a", dest="spargs", action="append", default=[], metavar="NAME=VALUE",
-                            help="spider argument (may be repeated)")
+        parser.add_argument(
+            "-a",
+            dest="spargs",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="spider argument (may be repeated)",
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         assert self.crawler_process
@@ -115,8 +121,11 @@ class Command(ScrapyCommand):
         try:
             held = set(store.names())
         except Exception as exc:
-            print(f"error: cannot list the archive at ARCHIVE_URL={redact(config.url)}: {type(exc).__name__}: "
-                  f"{redact(str(exc))}", file=sys.stderr)
+            print(
+                f"error: cannot list the archive at ARCHIVE_URL={redact(config.url)}: {type(exc).__name__}: "
+                f"{redact(str(exc))}",
+                file=sys.stderr,
+            )
             self.exitcode = 1
             return
         conn = psycopg2.connect(found.database_url)
@@ -134,22 +143,30 @@ class Command(ScrapyCommand):
             conn.close()
         if missing:
             older = len({r.fingerprint for r in away} & {r.fingerprint for r in records})
-            print(f"reprocess: {len(away)} page(s) of {name!r} have their latest archived version in "
-                  f"{len(missing)} file(s) the archive at ARCHIVE_URL={redact(config.url)} does not hold (e.g. "
-                  f"{min(missing)}): archived under another ARCHIVE_URL or on another machine, or removed. "
-                  f"{len(away) - older} of them are skipped, {older} replayed from an older version this "
-                  f"archive holds; run with ARCHIVE_URL set to the archive that holds them to replay their latest.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"reprocess: {len(away)} page(s) of {name!r} have their latest archived version in "
+                f"{len(missing)} file(s) the archive at ARCHIVE_URL={redact(config.url)} does not hold (e.g. "
+                f"{min(missing)}): archived under another ARCHIVE_URL or on another machine, or removed. "
+                f"{len(away) - older} of them are skipped, {older} replayed from an older version this "
+                f"archive holds; run with ARCHIVE_URL set to the archive that holds them to replay their latest.",
+                file=sys.stderr,
+                flush=True,
+            )
         if not records:
-            print(f"reprocess: no archived pages of {name!r} match{' in this archive' if missing else ''}",
-                  file=sys.stderr)
+            print(
+                f"reprocess: no archived pages of {name!r} match{' in this archive' if missing else ''}",
+                file=sys.stderr,
+            )
             self.exitcode = 1 if missing else 0
             return
         crawler = self.crawler_process.create_crawler(name)
         for key, value in REPLAY_SETTINGS.items():
             crawler.settings.set(key, value, priority="cmdline")
-        for setting, overrides in (("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
-                                   ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES), ("EXTENSIONS", EXTENSION_OVERRIDES)):
+        for setting, overrides in (
+            ("DOWNLOADER_MIDDLEWARES", DOWNLOADER_OVERRIDES),
+            ("SPIDER_MIDDLEWARES", SPIDER_OVERRIDES),
+            ("EXTENSIONS", EXTENSION_OVERRIDES),
+        ):
             crawler.settings.set(setting, {**crawler.settings.getdict(setting), **overrides}, priority="cmdline")
         items_key = keys.items_reprocess_key(name, uuid.uuid4().hex[:8])
         crawler.settings.set("ARCHIVE_REPLAY_ITEMS_KEY", items_key, priority="cmdline")
@@ -157,8 +174,11 @@ class Command(ScrapyCommand):
         crawler.replay_records = records
         crawler.replay_store = store
         spargs = dict(arg.split("=", 1) for arg in opts.spargs if "=" in arg)
-        print(f"reprocess: {len(records)} archived pages of {name!r}, replayed with no network", file=sys.stderr,
-              flush=True)
+        print(
+            f"reprocess: {len(records)} archived pages of {name!r}, replayed with no network",
+            file=sys.stderr,
+            flush=True,
+        )
         started = time.monotonic()
         self.crawler_process.crawl(crawler, **spargs)
         self.crawler_process.start()
@@ -172,8 +192,11 @@ class Command(ScrapyCommand):
         print(f"reprocess: {summarize(stats, elapsed)}", file=sys.stderr)
         unreadable = stats.get("reprocess/unreadable", 0)
         if unreadable:
-            print(f"reprocess: {unreadable} archived page(s) could not be read and were not replayed "
-                  "(the warnings above name their files)", file=sys.stderr)
+            print(
+                f"reprocess: {unreadable} archived page(s) could not be read and were not replayed "
+                "(the warnings above name their files)",
+                file=sys.stderr,
+            )
             self.exitcode = 1
         if opts.follow:
             self._queue_new(crawler, name, found)
@@ -183,8 +206,9 @@ class Command(ScrapyCommand):
         conn = psycopg2.connect(found.database_url)  # type: ignore[attr-defined]
         try:
             with conn, conn.cursor() as cur:
-                cur.execute("SELECT DISTINCT url FROM archive_index WHERE spider = %s AND url = ANY(%s)",
-                            (name, list(requests)))
+                cur.execute(
+                    "SELECT DISTINCT url FROM archive_index WHERE spider = %s AND url = ANY(%s)", (name, list(requests))
+                )
                 archived = {row[0] for row in cur.fetchall()}
         finally:
             conn.close()
@@ -193,10 +217,18 @@ class Command(ScrapyCommand):
         queue = frontier(server, crawler.spider, self.settings)  # type: ignore[attr-defined]
         # Claimed in the crawl's seen-state as the crawl claims links: one already queued or
         # fetched in the current run is not queued twice.
-        seen = SharedDupeFilter(server, keys.dupefilter_key(name), crawler.request_fingerprinter,  # type: ignore[attr-defined]
-                                stores=make_stores(server, name, self.settings, queue.shards), shards=queue.shards)
+        seen = SharedDupeFilter(
+            server,
+            keys.dupefilter_key(name),
+            crawler.request_fingerprinter,  # type: ignore[attr-defined]
+            stores=make_stores(server, name, self.settings, queue.shards),
+            shards=queue.shards,
+        )
         for request in new:
             queue.stage(request, seen, seen.request_fingerprint(request))
         queued, already = queue.flush_staged()
-        print(f"reprocess: {queued} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived, "
-              f"{already} already seen by the crawl)", file=sys.stderr)
+        print(
+            f"reprocess: {queued} new link(s) queued for {name!r} ({len(requests) - len(new)} already archived, "
+            f"{already} already seen by the crawl)",
+            file=sys.stderr,
+        )

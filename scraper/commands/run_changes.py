@@ -12,10 +12,10 @@ from typing import Any
 import psycopg2
 
 from ..config import get_float
-from ..items.base import StoredItem, stored_item_types
+from ..items import StoredItem, stored_item_types
 from ..queue import keys
-from ..queue.nodes import NodeRegistry
 from ..redis_client import get_redis
+from ..runs.nodes import NodeRegistry
 from ..storage import held, revert
 
 
@@ -24,9 +24,11 @@ def held_report(conn: Any, spider: str, run_id: int, shown: int = 20) -> list[st
     counts = held.summary(conn, spider, run_id)
     if not counts:
         return []
-    lines = [f"Held by run {run_id} (its quality broke): {counts.get('item', 0)} item change(s), "
-             f"{counts.get('gone', 0)} gone-mark(s); stored rows keep their values until "
-             f"`scrapy runs {spider} --apply {run_id}` or `--discard {run_id}`"]
+    lines = [
+        f"Held by run {run_id} (its quality broke): {counts.get('item', 0)} item change(s), "
+        f"{counts.get('gone', 0)} gone-mark(s); stored rows keep their values until "
+        f"`scrapy runs {spider} --apply {run_id}` or `--discard {run_id}`"
+    ]
     listed = held.listed(conn, spider, run_id, shown)
     for entry in listed:
         key = ", ".join(map(str, entry.key))
@@ -59,33 +61,44 @@ def act(found: Any, settings: Any, spider: str, action: str, run_id: int) -> int
     """Apply, discard or revert run *run_id* of *spider*; the exit status."""
     server = get_redis(found.redis_url)
     if _running(server, spider, run_id, get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)):
-        print(f"error: run {run_id} of {spider} is still running: --{action} acts on a run once it is over",
-              file=sys.stderr)
+        print(
+            f"error: run {run_id} of {spider} is still running: --{action} acts on a run once it is over",
+            file=sys.stderr,
+        )
         return 2
     conn = psycopg2.connect(found.database_url, connect_timeout=10, application_name=f"scraper:runs-{action}")
     try:
         if action == "discard":
             dropped = held.discard(conn, spider, run_id)
-            print(f"run {run_id} of {spider}: {dropped} held change(s) dropped; stored rows and the history "
-                  "are as they were")
+            print(
+                f"run {run_id} of {spider}: {dropped} held change(s) dropped; stored rows and the history "
+                "are as they were"
+            )
             return 0
         source = "held_changes" if action == "apply" else "item_changes"
         types, unknown = _types_of(conn, spider, run_id, source)
         if unknown:
-            print(f"error: run {run_id} of {spider} touched table(s) {', '.join(unknown)} that no item type of "
-                  "this project declares (load the spider that stores them)", file=sys.stderr)
+            print(
+                f"error: run {run_id} of {spider} touched table(s) {', '.join(unknown)} that no item type of "
+                "this project declares (load the spider that stores them)",
+                file=sys.stderr,
+            )
             return 2
         if action == "apply":
             if not held.summary(conn, spider, run_id):
                 print(f"run {run_id} of {spider} holds no changes: nothing to apply")
                 return 0
             done = held.apply(conn, spider, run_id, types)
-            print(f"run {run_id} of {spider}: {done.upserted} row(s) written, {done.gone} marked gone, "
-                  f"{done.superseded} held change(s) dropped because a later run saw the row since")
+            print(
+                f"run {run_id} of {spider}: {done.upserted} row(s) written, {done.gone} marked gone, "
+                f"{done.superseded} held change(s) dropped because a later run saw the row since"
+            )
             return 0
         if held.summary(conn, spider, run_id):
-            print(f"error: run {run_id} of {spider} holds changes: --apply or --discard them first, then revert",
-                  file=sys.stderr)
+            print(
+                f"error: run {run_id} of {spider} holds changes: --apply or --discard them first, then revert",
+                file=sys.stderr,
+            )
             return 2
 
         def progress(done: int, total: int) -> None:

@@ -20,21 +20,36 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from . import backends_or_report, run_changes as changes
 from ..config import get_float
-from ..queue import keys
-from ..queue.nodes import NodeRegistry
-from ..redis_client import get_redis
 from ..quality import report as quality_report
 from ..quality import store as quality_store
+from ..queue import keys
+from ..redis_client import get_redis
 from ..runs import record
+from ..runs.nodes import NodeRegistry
 from ..runs.state import summed_figures
+from . import backends_or_report
+from . import run_changes as changes
 
-SHOWN = [("run", "run_id"), ("state", "state"), ("started", "started"), ("took", "took"), ("nodes", "nodes_seen"),
-         ("pages", "pages"), ("new", "items_new"), ("updated", "items_updated"), ("same", "items_unchanged"),
-         ("rejected", "items_rejected"), ("dupes", "duplicates"), ("dead", "dead_letters"),
-         ("credits", "api_credits"), ("redeliv", "redeliveries"), ("throttled", "throttled"),
-         ("unarchived", "not_archived"), ("quality", "quality")]
+SHOWN = [
+    ("run", "run_id"),
+    ("state", "state"),
+    ("started", "started"),
+    ("took", "took"),
+    ("nodes", "nodes_seen"),
+    ("pages", "pages"),
+    ("new", "items_new"),
+    ("updated", "items_updated"),
+    ("same", "items_unchanged"),
+    ("rejected", "items_rejected"),
+    ("dupes", "duplicates"),
+    ("dead", "dead_letters"),
+    ("credits", "api_credits"),
+    ("redeliv", "redeliveries"),
+    ("throttled", "throttled"),
+    ("unarchived", "not_archived"),
+    ("quality", "quality"),
+]
 
 
 def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | None:
@@ -49,12 +64,21 @@ def current_run(server: Any, spider: str, node_ttl: float) -> dict[str, Any] | N
     if state == "running" and not live:
         state = "stopped"  # its nodes are gone; the next start resumes or finishes it
     row = {
-        "spider": spider, "run_id": run_id, "state": state, "live_nodes": len(live),
-        "started": record._ts(raw.get("started")), "finished": record._ts(raw.get("finished")),
-        "finish_reason": raw.get("reason") if state != "running" else None, "nodes_seen": nodes,
+        "spider": spider,
+        "run_id": run_id,
+        "state": state,
+        "live_nodes": len(live),
+        "started": record._ts(raw.get("started")),
+        "finished": record._ts(raw.get("finished")),
+        "finish_reason": raw.get("reason") if state != "running" else None,
+        "nodes_seen": nodes,
     }
-    row.update({column: figures.get(stat, 0) if column == "api_credits" else int(figures.get(stat, 0))
-                for column, stat in record.FIGURES.items()})
+    row.update(
+        {
+            column: figures.get(stat, 0) if column == "api_credits" else int(figures.get(stat, 0))
+            for column, stat in record.FIGURES.items()
+        }
+    )
     return row
 
 
@@ -76,8 +100,10 @@ def _took(row: dict[str, Any]) -> str:
     start, end = row.get("started"), row.get("finished")
     if start is None:
         return ""
-    seconds = ((end or dt.datetime.now(dt.timezone.utc)) - start).total_seconds()
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+    seconds = ((end or dt.datetime.now(dt.UTC)) - start).total_seconds()
+    return (
+        f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+    )
 
 
 class Command(ScrapyCommand):
@@ -93,13 +119,22 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--json", action="store_true", help="one JSON object per run")
         parser.add_argument("--limit", type=int, default=20, help="runs per spider (20)")
-        parser.add_argument("--report", type=int, metavar="RUN",
-                            help="print the data-quality report of run RUN and the changes it holds")
-        parser.add_argument("--apply", type=int, metavar="RUN",
-                            help="write the changes run RUN held when its quality broke (see --report)")
+        parser.add_argument(
+            "--report",
+            type=int,
+            metavar="RUN",
+            help="print the data-quality report of run RUN and the changes it holds",
+        )
+        parser.add_argument(
+            "--apply",
+            type=int,
+            metavar="RUN",
+            help="write the changes run RUN held when its quality broke (see --report)",
+        )
         parser.add_argument("--discard", type=int, metavar="RUN", help="drop the changes run RUN held")
-        parser.add_argument("--revert", type=int, metavar="RUN",
-                            help="undo what finished run RUN changed, from the history")
+        parser.add_argument(
+            "--revert", type=int, metavar="RUN", help="undo what finished run RUN changed, from the history"
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         found = backends_or_report(self)
@@ -110,12 +145,14 @@ class Command(ScrapyCommand):
         if opts.report is not None:
             self._report(found.database_url, args, opts.report)
             return
-        actions = [(name, getattr(opts, name)) for name in ("apply", "discard", "revert")
-                   if getattr(opts, name) is not None]
+        actions = [
+            (name, getattr(opts, name)) for name in ("apply", "discard", "revert") if getattr(opts, name) is not None
+        ]
         if actions:
             if len(actions) > 1 or len(args) != 1:
-                raise UsageError("--apply, --discard and --revert take one spider and one run: "
-                                 "scrapy runs SPIDER --apply RUN")
+                raise UsageError(
+                    "--apply, --discard and --revert take one spider and one run: scrapy runs SPIDER --apply RUN"
+                )
             get_spider_loader(self.settings).load(args[0])  # registers the spider's item types
             self.exitcode = changes.act(found, self.settings, args[0], *actions[0])
             return
@@ -125,8 +162,9 @@ class Command(ScrapyCommand):
             keys.migrate_legacy(server, name)
         conn = record.connect(found.database_url)
         try:
-            rows = merged_runs(server, conn, spiders, get_float(self.settings, "RUNS_NODE_TTL", 60.0, minimum=1),
-                               max(1, opts.limit))
+            rows = merged_runs(
+                server, conn, spiders, get_float(self.settings, "RUNS_NODE_TTL", 60.0, minimum=1), max(1, opts.limit)
+            )
             outcomes = {spider: quality_store.outcomes(conn, spider) for spider in spiders}
             for row in rows:
                 row["quality"] = outcomes[row["spider"]].get(row["run_id"], "")
@@ -139,8 +177,11 @@ class Command(ScrapyCommand):
         if not rows:
             print("no runs yet")
             return
-        print(f"{'spider':14}" + "".join(f"{title:>13}" if column == "started" else f"{title:>10}"
-                                          for title, column in SHOWN) + "  reason")
+        print(
+            f"{'spider':14}"
+            + "".join(f"{title:>13}" if column == "started" else f"{title:>10}" for title, column in SHOWN)
+            + "  reason"
+        )
         for row in rows:
             cells = []
             for _title, column in SHOWN:
@@ -165,8 +206,11 @@ class Command(ScrapyCommand):
         finally:
             conn.close()
         if found is None:
-            print(f"run {run_id} of {spiders[0]} has no data-quality report: it has not finished, "
-                  "or it ended early (stopped, discarded), and such runs are not checked", file=sys.stderr)
+            print(
+                f"run {run_id} of {spiders[0]} has no data-quality report: it has not finished, "
+                "or it ended early (stopped, discarded), and such runs are not checked",
+                file=sys.stderr,
+            )
             if held_lines:
                 print("\n".join(held_lines))
             self.exitcode = 1

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 from argparse import ArgumentParser, Namespace
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import scrapy
 from scrapy.commands import ScrapyCommand
@@ -21,14 +21,13 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.misc import load_object
 from w3lib.url import is_url
 
-from . import backends_or_report, report_error, spider_or_report
 from ..config import ConfigError
-from ..queue import shards
+from ..queue import keys, shards
 from ..queue.dupefilter import make_stores
-from ..queue import keys
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue, score_for
 from ..redis_client import get_redis
+from . import backends_or_report, report_error, spider_or_report
 
 
 def read_urls(sources: list[str]) -> Iterator[str]:
@@ -65,12 +64,15 @@ class Command(ScrapyCommand):
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--priority", type=int, default=0, help="priority of the seeded requests")
-        parser.add_argument("--force", action="store_true",
-                            help="queue URLs already seen in this run too (they are crawled again)")
+        parser.add_argument(
+            "--force", action="store_true", help="queue URLs already seen in this run too (they are crawled again)"
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) < 2:
-            return report_error(self, "usage: scrapy seed <spider> <url-or-file>...: give a spider and at least one URL or file")
+            return report_error(
+                self, "usage: scrapy seed <spider> <url-or-file>...: give a spider and at least one URL or file"
+            )
         name, sources = args[0], args[1:]
         spidercls = spider_or_report(self, name)
         if spidercls is None:
@@ -131,5 +133,7 @@ class Command(ScrapyCommand):
         print(f"queued {queued} start URL(s) for {name!r}; {len(queue)} request(s) now in its queue")
         if seen:
             what = "queued again anyway (--force)" if opts.force else "not queued again (--force queues them)"
-            print(f"{seen} URL(s) already seen in this run, {what}: "
-                  f"{', '.join(repeated)}{' …' if seen > len(repeated) else ''}")
+            print(
+                f"{seen} URL(s) already seen in this run, {what}: "
+                f"{', '.join(repeated)}{' …' if seen > len(repeated) else ''}"
+            )

@@ -9,9 +9,18 @@ from __future__ import annotations
 from .registry import REGISTRY, Setting
 
 _KINDS = {
-    "int": "integer", "float": "number", "fraction": "share (0-1)", "bool": "true/false", "choice": "one of",
-    "str": "text", "url": "URL", "secret": "secret (never logged)", "json": "JSON", "regex": "regular expression",
-    "list": "comma-separated list", "path": "folder",
+    "int": "integer",
+    "float": "number",
+    "fraction": "share (0-1)",
+    "bool": "true/false",
+    "choice": "one of",
+    "str": "text",
+    "url": "URL",
+    "secret": "secret (never logged)",
+    "json": "JSON",
+    "regex": "regular expression",
+    "list": "comma-separated list",
+    "path": "folder",
 }
 
 

@@ -23,14 +23,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--categories", type=int, default=8)
     parser.add_argument("--per-page", type=int, default=20)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--reprice", type=int, default=0, help="reprice the first N valid products")
+    parser.add_argument("--delay-ms", type=int, default=0, help="extra latency per page, in ms")
     parser.add_argument(
-        "--reprice", type=int, default=0, help="reprice the first N valid products"
-    )
-    parser.add_argument(
-        "--delay-ms", type=int, default=0, help="extra latency per page, in ms"
-    )
-    parser.add_argument(
-        "--break-layout", type=float, nargs="?", const=0.5, default=0.0, metavar="SHARE",
+        "--break-layout",
+        type=float,
+        nargs="?",
+        const=0.5,
+        default=0.0,
+        metavar="SHARE",
         help="serve a share of product pages (0.5) in a new layout the demo spider does not know",
     )
     return parser
@@ -67,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         print(
-            f"demo site: {site.url} "
-            f"({len(catalog.products)} products, {catalog.page_count} pages)",
+            f"demo site: {site.url} ({len(catalog.products)} products, {catalog.page_count} pages)",
             flush=True,
         )
         # A timed wait keeps the main thread responsive to signals everywhere.

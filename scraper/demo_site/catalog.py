@@ -13,7 +13,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
@@ -37,48 +37,125 @@ _CENT = Decimal("0.01")
 _REPRICE_STEP = Decimal("1.00")
 
 _CATEGORY_NAMES = [
-    "Kitchen & Dining", "Home Office", "Outdoor & Garden", "Audio", "Apparel",
-    "Café & Tea", "Toys & Games", "Books", "Sports", "Beauty & Care",
-    "Électronique", "Lighting", "Pets", "Travel", "Tools", "Baby",
+    "Kitchen & Dining",
+    "Home Office",
+    "Outdoor & Garden",
+    "Audio",
+    "Apparel",
+    "Café & Tea",
+    "Toys & Games",
+    "Books",
+    "Sports",
+    "Beauty & Care",
+    "Électronique",
+    "Lighting",
+    "Pets",
+    "Travel",
+    "Tools",
+    "Baby",
 ]
 # Latin-1 names on purpose: every generated string stays cp1252-encodable.
 _BRANDS = [
-    "Müller", "Ångström Labs", "Acme", "Nordlys", "Café Royal", "Smith & Sons",
-    "Crème de la Crème", "Bergström", "Zoë & Co.", "Lumière", "Hansen",
-    "Øresund Design", "Señor Sol", "Fjällräven Works",
+    "Müller",
+    "Ångström Labs",
+    "Acme",
+    "Nordlys",
+    "Café Royal",
+    "Smith & Sons",
+    "Crème de la Crème",
+    "Bergström",
+    "Zoë & Co.",
+    "Lumière",
+    "Hansen",
+    "Øresund Design",
+    "Señor Sol",
+    "Fjällräven Works",
 ]
 _ADJECTIVES = [
-    "Classic", "Deluxe", "Compact", "Vintage", "Ergonomic", "Smart", "Rustic",
-    "Crème", "Nordic", "Portable", "Premium", "Organic", "Artisan",
-    "Ultra-Light", "Über", "Café", "Heritage", "Naïve",
+    "Classic",
+    "Deluxe",
+    "Compact",
+    "Vintage",
+    "Ergonomic",
+    "Smart",
+    "Rustic",
+    "Crème",
+    "Nordic",
+    "Portable",
+    "Premium",
+    "Organic",
+    "Artisan",
+    "Ultra-Light",
+    "Über",
+    "Café",
+    "Heritage",
+    "Naïve",
 ]
 _NOUNS = [
-    "Kettle", "Desk Lamp", "Backpack", "Armchair", "Headphones", "Mug",
-    "Blender", "Notebook", "Rain Jacket", "Sneakers", "Wristwatch", "Speaker",
-    "Coffee Grinder", "Tent", "Skillet", "Umbrella", "Brûlée Torch",
-    "Crêpe Pan", "Duvet", "Yoga Mat",
+    "Kettle",
+    "Desk Lamp",
+    "Backpack",
+    "Armchair",
+    "Headphones",
+    "Mug",
+    "Blender",
+    "Notebook",
+    "Rain Jacket",
+    "Sneakers",
+    "Wristwatch",
+    "Speaker",
+    "Coffee Grinder",
+    "Tent",
+    "Skillet",
+    "Umbrella",
+    "Brûlée Torch",
+    "Crêpe Pan",
+    "Duvet",
+    "Yoga Mat",
 ]
 _SUFFIXES = ["", "", " Pro", " Mini", " XL", " II", " 2.0"]
 _COLOURS = ["Black", "Crème", "Forest Green", "Bordeaux", "Gris Perle", "Navy"]
 _QUALITIES = [
-    "durable", "lightweight", "easy to clean", "surprisingly quiet",
-    "built to last", "made from recycled materials", "dishwasher safe",
-    "hand-finished", "water-resistant", "über-comfortable",
+    "durable",
+    "lightweight",
+    "easy to clean",
+    "surprisingly quiet",
+    "built to last",
+    "made from recycled materials",
+    "dishwasher safe",
+    "hand-finished",
+    "water-resistant",
+    "über-comfortable",
 ]
 _USES = [
-    "everyday use", "weekend trips", "small apartments", "busy kitchens",
-    "the home office", "gift giving", "café-style mornings",
+    "everyday use",
+    "weekend trips",
+    "small apartments",
+    "busy kitchens",
+    "the home office",
+    "gift giving",
+    "café-style mornings",
 ]
 # Runs between words; str.split() collapses all of them back to one space.
 _GAPS = [" ", " ", " ", " ", "  ", "\n", "\n    ", " \t", "\t\n  ", "   \n"]
 _GARBAGE_PRICES = ["call for price", "N/A", "Price on request", "TBA"]
 
 _MONTHS = [
-    "January", "February", "March", "April", "May", "June", "July",
-    "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 _OFFSETS_MIN = [-480, -300, -240, 0, 60, 120, 330, 540, 600]
-_FIRST_RELEASE = datetime(2019, 1, 1, tzinfo=timezone.utc)
+_FIRST_RELEASE = datetime(2019, 1, 1, tzinfo=UTC)
 _RELEASE_SPAN_DAYS = 9 * 365
 
 
@@ -123,9 +200,7 @@ def format_price(amount: Decimal, currency: str, style: int) -> str:
 
 def slugify(name: str) -> str:
     """ASCII slug, so category URLs never need percent-encoding."""
-    ascii_name = (
-        unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
-    )
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
     return re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")
 
 
@@ -204,9 +279,7 @@ class Catalog:
         removed: tuple[int, ...] = (),
     ) -> None:
         if products < 1 or categories < 1 or per_page < 1 or reprice < 0:
-            raise ValueError(
-                "products, categories and per_page must be >= 1, reprice >= 0"
-            )
+            raise ValueError("products, categories and per_page must be >= 1, reprice >= 0")
         self.product_count = products
         self.category_count = categories
         self.per_page = per_page
@@ -235,24 +308,18 @@ class Catalog:
         if not isinstance(other, Catalog):
             return NotImplemented
         return (
-            self.per_page == other.per_page
-            and self.categories == other.categories
-            and self.products == other.products
+            self.per_page == other.per_page and self.categories == other.categories and self.products == other.products
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def with_reprice(self, count: int) -> Catalog:
         """Same catalog with ``count`` (absolute, not cumulative) products repriced."""
-        return Catalog(
-            self.product_count, self.category_count, self.per_page, self.seed, count, self.removed
-        )
+        return Catalog(self.product_count, self.category_count, self.per_page, self.seed, count, self.removed)
 
     def with_removed(self, ids: tuple[int, ...]) -> Catalog:
         """Same catalog without the products *ids* (absolute, not cumulative)."""
-        return Catalog(
-            self.product_count, self.category_count, self.per_page, self.seed, self.reprice, ids
-        )
+        return Catalog(self.product_count, self.category_count, self.per_page, self.seed, self.reprice, ids)
 
     # -- lookups -----------------------------------------------------------
 
@@ -310,10 +377,7 @@ class Catalog:
 
     @property
     def page_count(self) -> int:
-        return 1 + sum(
-            self.listing_page_count(c.slug) + len(self._listed[c.slug])
-            for c in self.categories
-        )
+        return 1 + sum(self.listing_page_count(c.slug) + len(self._listed[c.slug]) for c in self.categories)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -431,9 +495,7 @@ def _other_category(rng: random.Random, categories: list[Category], home: str) -
     return rng.choice([c.slug for c in categories if c.slug != home])
 
 
-def _ensure_multi_category(
-    rng: random.Random, products: list[Product], categories: list[Category]
-) -> None:
+def _ensure_multi_category(rng: random.Random, products: list[Product], categories: list[Category]) -> None:
     # Tests rely on at least one product reachable through two listing URLs.
     if len(categories) < 2 or any(len(p.categories) > 1 for p in products):
         return
@@ -470,9 +532,7 @@ def _roughen(rng: random.Random, text: str) -> str:
     return "".join(out)
 
 
-def _make_price(
-    rng: random.Random, counters: dict[str, int]
-) -> tuple[Decimal, str, str, int]:
+def _make_price(rng: random.Random, counters: dict[str, int]) -> tuple[Decimal, str, str, int]:
     currency = rng.choices(_CURRENCIES, weights=_CURRENCY_WEIGHTS)[0]
     high = rng.random() < 0.12
     if currency == "JPY":
@@ -512,9 +572,7 @@ def _make_release(rng: random.Random, pid: int) -> tuple[datetime, str, bool]:
     return moment, text, False
 
 
-def _apply_reprice(
-    products: list[Product], count: int
-) -> tuple[list[Product], tuple[int, ...]]:
+def _apply_reprice(products: list[Product], count: int) -> tuple[list[Product], tuple[int, ...]]:
     changed: list[int] = []
     out: list[Product] = []
     for product in products:

@@ -52,9 +52,7 @@ def _e(text: str) -> str:
     return escape(text, quote=True)
 
 
-def _document(
-    title: str, canonical: str | None, body: str, charset: str = "utf-8"
-) -> str:
+def _document(title: str, canonical: str | None, body: str, charset: str = "utf-8") -> str:
     if charset == "utf-8":
         meta = '<meta charset="utf-8">'
     else:
@@ -75,10 +73,7 @@ def _document(
 def _header(catalog: Catalog) -> str:
     # Every page repeats the full category nav, so crawlers meet the same
     # links over and over, as on real shops.
-    links = "\n".join(
-        f'  <a class="category" href="/c/{c.slug}/">{_e(c.name)}</a>'
-        for c in catalog.categories
-    )
+    links = "\n".join(f'  <a class="category" href="/c/{c.slug}/">{_e(c.name)}</a>' for c in catalog.categories)
     return (
         '<header class="site-header">\n'
         f'<a class="home" href="/">{_SITE_NAME}</a>\n'
@@ -89,11 +84,7 @@ def _header(catalog: Catalog) -> str:
 
 
 def _footer() -> str:
-    return (
-        '<footer class="site-footer">\n'
-        f'<a href="/">Home</a> · © {_SITE_NAME}\n'
-        "</footer>\n"
-    )
+    return f'<footer class="site-footer">\n<a href="/">Home</a> · © {_SITE_NAME}\n</footer>\n'
 
 
 def _html_page(text: str, charset: str = "utf-8") -> Page:
@@ -205,10 +196,7 @@ def _product_body(catalog: Catalog, product: Product) -> str:
     title = f'<h1 class="title">{_e(product.title)}</h1>\n' if has_title else ""
     price = ""
     if product.price_display is not None:
-        price = (
-            '<p class="price-box">Price: '
-            f'<span class="price">{_e(product.price_display)}</span></p>\n'
-        )
+        price = f'<p class="price-box">Price: <span class="price">{_e(product.price_display)}</span></p>\n'
     alt = _e(product.title) if has_title else ""
     return (
         f"{_header(catalog)}"
@@ -266,9 +254,6 @@ def render_robots(crawl_delay: float = 0.0) -> Page:
 
 
 def render_not_found() -> Page:
-    body = (
-        '<main class="error">\n<h1>Page not found</h1>\n'
-        '<p><a href="/">Back to the shop</a></p>\n</main>\n'
-    )
+    body = '<main class="error">\n<h1>Page not found</h1>\n<p><a href="/">Back to the shop</a></p>\n</main>\n'
     page = _html_page(_document(f"Not found | {_SITE_NAME}", None, body))
     return Page(404, page.content_type, page.body)

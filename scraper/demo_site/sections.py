@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from html import escape
 
@@ -26,15 +26,35 @@ __all__ = ["SECTIONS", "Section", "SectionProduct", "render_section", "section_r
 
 _PATH = re.compile(r"/([a-z]{2})/(?:p/([1-9][0-9]*)\.html)?")
 _GERMAN_MONTHS = [
-    "Januar", "Februar", "März", "April", "Mai", "Juni", "Juli",
-    "August", "September", "Oktober", "November", "Dezember",
+    "Januar",
+    "Februar",
+    "März",
+    "April",
+    "Mai",
+    "Juni",
+    "Juli",
+    "August",
+    "September",
+    "Oktober",
+    "November",
+    "Dezember",
 ]
 
 
 _ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 _CZECH_MONTHS = [
-    "ledna", "února", "března", "dubna", "května", "června", "července",
-    "srpna", "září", "října", "listopadu", "prosince",
+    "ledna",
+    "února",
+    "března",
+    "dubna",
+    "května",
+    "června",
+    "července",
+    "srpna",
+    "září",
+    "října",
+    "listopadu",
+    "prosince",
 ]
 
 
@@ -85,10 +105,10 @@ class Section:
     def _product(self, product: Product, n: int) -> SectionProduct:
         # Amounts with every digit used: thousands, and for dinars a third decimal.
         units = (product.id * 389) % 2400 + 1
-        minor = (product.id * 7919) % (10 ** self.places)
+        minor = (product.id * 7919) % (10**self.places)
         amount = Decimal(units) + Decimal(minor).scaleb(-self.places)
         day = product.released.date()
-        released = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+        released = datetime(day.year, day.month, day.day, tzinfo=UTC)
         return SectionProduct(
             id=product.id,
             sku=f"{self.prefix.upper()}-{product.id:06d}",
@@ -105,7 +125,11 @@ class Section:
 
 SECTIONS: dict[str, Section] = {
     "de": Section(
-        prefix="de", language="de", currency="EUR", places=2, name="Demo-Laden",
+        prefix="de",
+        language="de",
+        currency="EUR",
+        places=2,
+        name="Demo-Laden",
         prices=(
             lambda a: _group(a, 2, ".", ",") + " €",
             lambda a: "EUR " + _group(a, 2, ".", ","),
@@ -119,7 +143,11 @@ SECTIONS: dict[str, Section] = {
         ),
     ),
     "kw": Section(
-        prefix="kw", language="ar-KW", currency="KWD", places=3, name="Demo Shop Kuwait",
+        prefix="kw",
+        language="ar-KW",
+        currency="KWD",
+        places=3,
+        name="Demo Shop Kuwait",
         prices=(
             lambda a: "KWD " + _group(a, 3, ",", "."),
             lambda a: _group(a, 3, ",", ".") + " د.ك.\u200f",
@@ -133,7 +161,11 @@ SECTIONS: dict[str, Section] = {
     ),
     # Swiss francs grouped with CLDR's apostrophe (U+2019) and the ASCII one.
     "ch": Section(
-        prefix="ch", language="de-CH", currency="CHF", places=2, name="Demo-Laden Schweiz",
+        prefix="ch",
+        language="de-CH",
+        currency="CHF",
+        places=2,
+        name="Demo-Laden Schweiz",
         prices=(
             lambda a: "CHF " + _group(a, 2, "\u2019", "."),
             lambda a: _group(a, 2, "\u2019", ".") + " CHF",
@@ -146,7 +178,11 @@ SECTIONS: dict[str, Section] = {
     ),
     # Brazilian reais and day-first numeric dates (02/07/2020 is 2 July).
     "br": Section(
-        prefix="br", language="pt-BR", currency="BRL", places=2, name="Loja Demo",
+        prefix="br",
+        language="pt-BR",
+        currency="BRL",
+        places=2,
+        name="Loja Demo",
         prices=(
             lambda a: "R$ " + _group(a, 2, ".", ","),
             lambda a: "R$\u00a0" + _group(a, 2, ".", ","),
@@ -155,7 +191,11 @@ SECTIONS: dict[str, Section] = {
     ),
     # Czech crowns, a no-break space grouping, and "5. 6. 2019" dates.
     "cz": Section(
-        prefix="cz", language="cs", currency="CZK", places=2, name="Demo obchod",
+        prefix="cz",
+        language="cs",
+        currency="CZK",
+        places=2,
+        name="Demo obchod",
         prices=(
             lambda a: _group(a, 2, "\u00a0", ",") + "\u00a0Kč",
             lambda a: _group(a, 2, " ", ",") + " Kč",
@@ -167,7 +207,11 @@ SECTIONS: dict[str, Section] = {
     ),
     # Egyptian pounds in Arabic-Indic digits with the Arabic marks (١٬٢٣٤٫٥٦ ج.م.).
     "eg": Section(
-        prefix="eg", language="ar-EG", currency="EGP", places=2, name="متجر تجريبي",
+        prefix="eg",
+        language="ar-EG",
+        currency="EGP",
+        places=2,
+        name="متجر تجريبي",
         prices=(
             lambda a: _arabic(_group(a, 2, ",", ".")) + "\u00a0ج.م.\u200f",
             lambda a: "EGP " + _group(a, 2, ",", "."),

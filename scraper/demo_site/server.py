@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import layout, pages
@@ -89,7 +90,9 @@ class _Renderer:
     of old and new pages and the cache never needs invalidating.
     """
 
-    def __init__(self, catalog: Catalog, break_layout: float = 0.0, parts: tuple[str, ...] = tuple(layout.RENAMES)) -> None:
+    def __init__(
+        self, catalog: Catalog, break_layout: float = 0.0, parts: tuple[str, ...] = tuple(layout.RENAMES)
+    ) -> None:
         self.catalog = catalog
         self.break_layout = break_layout
         self.parts = parts
@@ -238,7 +241,9 @@ class DemoSite:
         with self._lock:
             current = self._renderer.catalog
             if count != current.reprice:
-                self._renderer = _Renderer(current.with_reprice(count), self._renderer.break_layout, self._renderer.parts)
+                self._renderer = _Renderer(
+                    current.with_reprice(count), self._renderer.break_layout, self._renderer.parts
+                )
             return list(self._renderer.catalog.repriced_ids)
 
     def remove(self, count: int) -> list[int]:
@@ -329,8 +334,10 @@ class DemoSite:
 
 
 # What a bot wall answers a client it takes for a robot (the markers scrapers look for).
-CHALLENGE_PAGE = (b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
-                  b"<div class=\"g-recaptcha\" data-sitekey=\"demo\"></div></body></html>\n")
+CHALLENGE_PAGE = (
+    b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
+    b'<div class="g-recaptcha" data-sitekey="demo"></div></body></html>\n'
+)
 
 
 class _Server(ThreadingHTTPServer):
@@ -482,9 +489,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif length > 0:
             self.rfile.read(length)
 
-    def _json(
-        self, status: int, data: object, headers: tuple[tuple[str, str], ...] = ()
-    ) -> None:
+    def _json(self, status: int, data: object, headers: tuple[tuple[str, str], ...] = ()) -> None:
         body = json.dumps(data, sort_keys=True).encode("utf-8")
         self._send(status, "application/json", body, headers)
 

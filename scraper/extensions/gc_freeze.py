@@ -44,7 +44,7 @@ class GcFreeze:
         self._collected = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "GcFreeze":
+    def from_crawler(cls, crawler: Any) -> GcFreeze:
         if not get_bool(crawler.settings, "GC_FREEZE", True):
             raise NotConfigured
         ext = cls(crawler, get_int(crawler.settings, "GC_YOUNG_THRESHOLD", 20_000, minimum=0))

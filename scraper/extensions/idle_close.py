@@ -29,7 +29,7 @@ class IdleClose:
         self._poke: Any = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "IdleClose":
+    def from_crawler(cls, crawler: Any) -> IdleClose:
         timeout = get_float(crawler.settings, "SCHEDULER_IDLE_TIMEOUT", 10.0, minimum=0)
         poll = get_float(crawler.settings, "SCHEDULER_IDLE_POLL", 0.5, minimum=0.05)
         ext = cls(crawler, timeout, min(poll, max(timeout, 0.05)))

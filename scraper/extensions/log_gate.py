@@ -31,7 +31,7 @@ class LogGate:
         self._saved: dict[str, int] = {}
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "LogGate":
+    def from_crawler(cls, crawler: Any) -> LogGate:
         ext = cls()
         crawler.signals.connect(ext.engine_started, signal=signals.engine_started)
         crawler.signals.connect(ext.engine_stopped, signal=signals.engine_stopped)

@@ -28,7 +28,7 @@ class ProgressLog:
         self._last = (0, 0)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ProgressLog":
+    def from_crawler(cls, crawler: Any) -> ProgressLog:
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0)
         if not interval:
             raise NotConfigured
@@ -64,6 +64,11 @@ class ProgressLog:
             queue = f"queue unavailable ({exc})"
         logger.info(
             "Progress: %d pages (%.0f/min), %d items stored (%.0f/min), %d rejected, %d duplicates; %s",
-            pages, pages_rate, items, items_rate,
-            stats.get_value("item_rejected_count", 0), stats.get_value("item_duplicates_dropped", 0), queue,
+            pages,
+            pages_rate,
+            items,
+            items_rate,
+            stats.get_value("item_rejected_count", 0),
+            stats.get_value("item_duplicates_dropped", 0),
+            queue,
         )

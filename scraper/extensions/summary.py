@@ -43,15 +43,18 @@ def summarize(stats: dict[str, Any], elapsed: float) -> str:
 def politeness_line(stats: dict[str, Any]) -> str | None:
     """Throttled pages, time spent waiting for turns and the rates reached per site, if any."""
     throttled = stats.get("politeness/throttled_pages", 0)
-    rates = sorted((k[len("politeness/rate/"):], v) for k, v in stats.items() if k.startswith("politeness/rate/"))
-    delays = sorted((k[len("politeness/crawl_delay/"):], v) for k, v in stats.items()
-                    if k.startswith("politeness/crawl_delay/"))
+    rates = sorted((k[len("politeness/rate/") :], v) for k, v in stats.items() if k.startswith("politeness/rate/"))
+    delays = sorted(
+        (k[len("politeness/crawl_delay/") :], v) for k, v in stats.items() if k.startswith("politeness/crawl_delay/")
+    )
     if not throttled and not rates and not delays:
         return None
-    parts = [f"{throttled} pages throttled (429/503) and tried again "
-             f"({stats.get('politeness/throttled_retries', 0)} retries, "
-             f"{stats.get('dead_letters/throttled', 0)} given up as dead letters)",
-             f"{stats.get('politeness/wait_seconds', 0):.1f} s waited for turns"]
+    parts = [
+        f"{throttled} pages throttled (429/503) and tried again "
+        f"({stats.get('politeness/throttled_retries', 0)} retries, "
+        f"{stats.get('dead_letters/throttled', 0)} given up as dead letters)",
+        f"{stats.get('politeness/wait_seconds', 0):.1f} s waited for turns",
+    ]
     for domain, rate in rates[:5]:
         low = stats.get(f"politeness/rate_min/{domain}", rate)
         parts.append(f"{domain} at {rate:g} requests/s (lowest {low:g})")
@@ -79,15 +82,23 @@ def causes(stats: dict[str, Any], spider: Any = None) -> list[str]:
         settings = getattr(spider, "settings", None)
         expiry = settings.getfloat("DUPEFILTER_EXPIRY", 0) if settings is not None else 0
         if expiry:
-            found.append(f"{seen} already seen within DUPEFILTER_EXPIRY={expiry:g}s (the seen-set outlives runs; "
-                         "lower it, or -s SCHEDULER_FLUSH_ON_START=true to forget every page)")
+            found.append(
+                f"{seen} already seen within DUPEFILTER_EXPIRY={expiry:g}s (the seen-set outlives runs; "
+                "lower it, or -s SCHEDULER_FLUSH_ON_START=true to forget every page)"
+            )
         else:
-            found.append(f"{seen} already seen in this run (the seen-set of a run that has not finished; "
-                         f"`scrapy crawl {name} --fresh` discards that run)")
+            found.append(
+                f"{seen} already seen in this run (the seen-set of a run that has not finished; "
+                f"`scrapy crawl {name} --fresh` discards that run)"
+            )
     failed = stats.get("downloader/exception_count", 0)
     if failed:
         kinds = sorted(
-            (key.rsplit("/", 1)[-1].rsplit(".", 1)[-1] for key in stats if key.startswith("downloader/exception_type_count/")),
+            (
+                key.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+                for key in stats
+                if key.startswith("downloader/exception_type_count/")
+            ),
         )
         found.append(
             f"{failed} downloads failed, unreachable ({', '.join(kinds)}; check the start URL, "
@@ -104,7 +115,7 @@ class CrawlSummary:
         self.start_dropped = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "CrawlSummary":
+    def from_crawler(cls, crawler: Any) -> CrawlSummary:
         ext = cls(crawler)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
@@ -134,9 +145,13 @@ class CrawlSummary:
         if polite:
             logger.info("Politeness: %s", polite)
         if values.get("processing/handed_off"):
-            logger.info("PROCESSING=decoupled: %d responses handed to the stream; their items are stored by "
-                        "`scrapy process %s` and counted in the run's figures (`scrapy runs`). The run finishes "
-                        "once the stream is empty too", values["processing/handed_off"], self.crawler.spider.name)
+            logger.info(
+                "PROCESSING=decoupled: %d responses handed to the stream; their items are stored by "
+                "`scrapy process %s` and counted in the run's figures (`scrapy runs`). The run finishes "
+                "once the stream is empty too",
+                values["processing/handed_off"],
+                self.crawler.spider.name,
+            )
         if values.get("processing/entries") is not None or self.crawler.settings.getbool("PROCESSING_PROCESSOR"):
             return  # a processor fetches nothing: no page fetched is no fault of its spider
         # robots.txt answers count as responses; they are not the pages the crawl is for.

@@ -32,7 +32,7 @@ class SwitchInterval:
         self._before: float | None = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "SwitchInterval":
+    def from_crawler(cls, crawler: Any) -> SwitchInterval:
         interval = get_float(crawler.settings, "THREAD_SWITCH_INTERVAL", 0.0005, minimum=0)
         if not interval:
             raise NotConfigured

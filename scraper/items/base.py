@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import scrapy
 
-_registry: dict[str, type["StoredItem"]] = {}
+_registry: dict[str, type[StoredItem]] = {}
 
 
 class StoredItem(scrapy.Item):
@@ -51,8 +51,11 @@ class StoredItem(scrapy.Item):
         ``currency``), for the fields cleaned as prices (one dict per type: do not change it)."""
         found = cls.__dict__.get("_price_fields")
         if found is None:
-            found = {name: meta.get("currency_field", "currency")
-                     for name, meta in cls.fields.items() if meta.get("clean") == "price"}
+            found = {
+                name: meta.get("currency_field", "currency")
+                for name, meta in cls.fields.items()
+                if meta.get("clean") == "price"
+            }
             cls._price_fields = found
         return found
 
@@ -65,8 +68,6 @@ class StoredItem(scrapy.Item):
         return self._values.get(key, default)
 
 
-def stored_item_types() -> list[type[StoredItem]]:
-    """Every item type with a table, for migrations."""
-    from . import product  # noqa: F401  (registers the bundled types)
-
+def registered_item_types() -> list[type[StoredItem]]:
+    """Every item type with a table defined so far (see :func:`scraper.items.stored_item_types`)."""
     return list(_registry.values())

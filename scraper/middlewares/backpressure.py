@@ -30,7 +30,7 @@ class StoreBackpressureMiddleware:
         self._holding = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StoreBackpressureMiddleware":
+    def from_crawler(cls, crawler: Any) -> StoreBackpressureMiddleware:
         return cls(crawler)
 
     async def process_request(self, request: Request) -> None:
@@ -40,8 +40,9 @@ class StoreBackpressureMiddleware:
             return None
         stats = self.crawler.stats
         if not self._holding:
-            logger.warning("Postgres is behind (%d rows waiting): holding new downloads until it catches up",
-                           writer.pending())
+            logger.warning(
+                "Postgres is behind (%d rows waiting): holding new downloads until it catches up", writer.pending()
+            )
         self._holding += 1
         stats.inc_value("postgres/backpressure_waits")
         started = time.monotonic()

@@ -53,8 +53,12 @@ def bury(crawler: Any, request: Request, reason: str, attempts: int) -> None:
         _dead_letters(crawler).add(request, reason, attempts)
     except UNREACHABLE as exc:
         crawler.signals.send_catch_log(signal=lease_abandoned, request=request)
-        logger.warning("Redis unreachable (%s): %s (%s) will be fetched again instead of becoming a dead "
-                       "letter now", type(exc).__name__, request.url, reason)
+        logger.warning(
+            "Redis unreachable (%s): %s (%s) will be fetched again instead of becoming a dead letter now",
+            type(exc).__name__,
+            request.url,
+            reason,
+        )
         return
     crawler.stats.inc_value("dead_letters/count")
     crawler.stats.inc_value(f"dead_letters/{REASON_CLASS.split(reason, maxsplit=1)[0]}")
@@ -73,7 +77,7 @@ class DeadLetterDownloaderMiddleware:
         )
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "DeadLetterDownloaderMiddleware":
+    def from_crawler(cls, crawler: Any) -> DeadLetterDownloaderMiddleware:
         return cls(crawler)
 
     def _gave_up(self, request: Request) -> bool:
@@ -113,7 +117,7 @@ class DeadLetterSpiderMiddleware:
         self.callback_retries = get_int(crawler.settings, "DLQ_CALLBACK_RETRIES", 1, minimum=0)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "DeadLetterSpiderMiddleware":
+    def from_crawler(cls, crawler: Any) -> DeadLetterSpiderMiddleware:
         return cls(crawler)
 
     def process_spider_exception(self, response: Response, exception: Exception) -> Any:

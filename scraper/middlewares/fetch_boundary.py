@@ -33,8 +33,8 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet.threads import deferToThread
 from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.threads import deferToThread
 
 from ..config import ConfigError
 from .dead_letters import bury
@@ -43,8 +43,11 @@ logger = logging.getLogger(__name__)
 
 SCHEMES = ("http", "https")
 # Beyond ipaddress' is_private/is_loopback/...: what cloud providers answer on.
-_METADATA = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fd00:ec2::/32"),
-             ipaddress.ip_network("100.64.0.0/10"))
+_METADATA = (
+    ipaddress.ip_network("169.254.0.0/16"),
+    ipaddress.ip_network("fd00:ec2::/32"),
+    ipaddress.ip_network("100.64.0.0/10"),
+)
 _VERDICT_TTL = 300.0
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 
@@ -71,8 +74,16 @@ def forbidden(address: str, allowed: list[Any]) -> bool:
         ip = ip.ipv4_mapped
     if any(ip in net for net in allowed):
         return False
-    return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
-            or ip.is_unspecified or any(ip in net for net in _METADATA) or not ip.is_global)
+    return (
+        ip.is_private
+        or ip.is_loopback
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+        or any(ip in net for net in _METADATA)
+        or not ip.is_global
+    )
 
 
 def on_domains(host: str, domains: Any) -> bool:
@@ -92,7 +103,8 @@ class FetchBoundaryMiddleware:
         self.crawler = crawler
         self.allowed = allowed_networks(crawler.settings.get("FETCH_ALLOW_NETWORKS", ""))
         embedded = crawler.settings.getbool("REDIS_EMBEDDED") or str(
-            crawler.settings.get("REDIS_URL") or "").startswith("unix://")
+            crawler.settings.get("REDIS_URL") or ""
+        ).startswith("unix://")
         if not self.allowed and embedded:
             # The embedded default: the queue is this machine's own, written by no one else, and
             # the developer's site (`make demo-site`) listens on loopback.
@@ -100,7 +112,7 @@ class FetchBoundaryMiddleware:
         self._verdicts: dict[str, tuple[str | None, float]] = {}  # host -> (reason or None, until)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "FetchBoundaryMiddleware":
+    def from_crawler(cls, crawler: Any) -> FetchBoundaryMiddleware:
         return cls(crawler)
 
     async def process_request(self, request: Request) -> None:
@@ -132,12 +144,14 @@ class FetchBoundaryMiddleware:
                 return None  # unresolvable: the download fails on its own, as a DNS error
         bad = [a for a in addresses if forbidden(a, self.allowed)]
         if bad:
-            return (f"{host} is a non-public address ({', '.join(bad)}); FETCH_ALLOW_NETWORKS allows a network "
-                    "explicitly")
+            return (
+                f"{host} is a non-public address ({', '.join(bad)}); FETCH_ALLOW_NETWORKS allows a network explicitly"
+            )
         return None
 
     async def _resolve(self, host: str) -> list[str]:
         """Every address *host* resolves to, looked up in the thread pool as Scrapy's resolver does."""
+
         def lookup() -> list[str]:
             try:
                 return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})

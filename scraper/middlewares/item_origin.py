@@ -22,13 +22,14 @@ a spider says a country store's locale once, on the store's first request.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from itemadapter import is_item
 from scrapy import Request
 
-from ..items.base import StoredItem
 from ..cleaning.language import PAGE_KEYS
+from ..items.base import StoredItem
 
 
 class ItemOriginMiddleware:
@@ -36,7 +37,7 @@ class ItemOriginMiddleware:
         self.stats = stats
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ItemOriginMiddleware":
+    def from_crawler(cls, crawler: Any) -> ItemOriginMiddleware:
         return cls(crawler.stats)
 
     def _stamp(self, obj: Any, response: Any, inherited: dict[str, Any] | None = None) -> None:

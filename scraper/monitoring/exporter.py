@@ -43,8 +43,8 @@ from .. import procs
 from ..config import get_bool, get_float, get_int
 from ..embedded import data_dir, project_root
 from ..item_observers import on_item_scraped, on_response_received
-from ..redis_client import get_redis
 from ..quality.metrics import QualityCollector
+from ..redis_client import get_redis
 from ..runs.metrics import RunCollector
 from .collector import CrawlCollector, queue_reader
 
@@ -81,12 +81,18 @@ class MetricsExporter:
         self.registry.register(QualityCollector(crawler, get_redis(settings["REDIS_URL"])))
         ProcessCollector(registry=self.registry)
         self.latency = Histogram(
-            "scraper_download_latency_seconds", "Time to download a page.", ["spider", "domain"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "scraper_download_latency_seconds",
+            "Time to download a page.",
+            ["spider", "domain"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.pipeline_time = Histogram(
-            "scraper_pipeline_seconds", "Time from an item's yield to its commit.", ["spider"],
-            buckets=PIPELINE_BUCKETS, registry=self.registry,
+            "scraper_pipeline_seconds",
+            "Time from an item's yield to its commit.",
+            ["spider"],
+            buckets=PIPELINE_BUCKETS,
+            registry=self.registry,
         )
         self._domains: set[str] = set()
         # Per URL's netloc part: its host; per (spider, domain): the histogram's child. Both are
@@ -99,7 +105,7 @@ class MetricsExporter:
         self.target_file: Path | None = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "MetricsExporter":
+    def from_crawler(cls, crawler: Any) -> MetricsExporter:
         if not get_bool(crawler.settings, "METRICS_ENABLED", True):
             raise NotConfigured
         ext = cls(crawler)
@@ -141,17 +147,21 @@ class MetricsExporter:
             return
         logger.warning(
             "No free port for metrics in %d-%d on %s: this process exports none (METRICS_PORT, METRICS_PORT_RANGE)",
-            self.port, self.port + self.port_range - 1, self.bind,
+            self.port,
+            self.port + self.port_range - 1,
+            self.bind,
         )
 
     def _announce(self) -> None:
         host = self.bind if self.bind not in ("0.0.0.0", "::", "") else socket.gethostname()
-        target = [{
-            "targets": [f"{host}:{self.bound_port}"],
-            # Not "spider": the metrics carry it, and a target label of the same name would
-            # push theirs aside as exported_spider.
-            "labels": {"node": f"{socket.gethostname()}:{os.getpid()}"},
-        }]
+        target = [
+            {
+                "targets": [f"{host}:{self.bound_port}"],
+                # Not "spider": the metrics carry it, and a target label of the same name would
+                # push theirs aside as exported_spider.
+                "labels": {"node": f"{socket.gethostname()}:{os.getpid()}"},
+            }
+        ]
         try:
             self.sd_dir.mkdir(parents=True, exist_ok=True)
             path = self.sd_dir / f"{socket.gethostname()}-{os.getpid()}-{self.bound_port}.json"

@@ -87,8 +87,9 @@ class _Plan:
     each fills."""
 
     def __init__(self, item_type: type[StoredItem]) -> None:
-        self.fields = tuple((name, meta.get("clean"), bool(meta.get("join")), meta)
-                            for name, meta in item_type.fields.items())
+        self.fields = tuple(
+            (name, meta.get("clean"), bool(meta.get("join")), meta) for name, meta in item_type.fields.items()
+        )
         self.prices = tuple(item_type.price_fields().items())
 
 
@@ -109,7 +110,7 @@ class CleanPipeline:
         on_response_received(crawler, self._remember_language)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "CleanPipeline":
+    def from_crawler(cls, crawler: Any) -> CleanPipeline:
         return cls(crawler)
 
     def _remember_language(self, response: Any, request: Any = None) -> None:
@@ -118,7 +119,10 @@ class CleanPipeline:
         except Exception:  # a page without a readable declaration declares nothing
             language = None
         meta = getattr(request, "meta", None) or {}
-        self._languages[response.url] = (language, tuple(str(meta[key]) if meta.get(key) else None for key in PAGE_KEYS))
+        self._languages[response.url] = (
+            language,
+            tuple(str(meta[key]) if meta.get(key) else None for key in PAGE_KEYS),
+        )
         self._languages.move_to_end(response.url)
         while len(self._languages) > _LANGUAGE_MEMORY:
             self._languages.popitem(last=False)
@@ -171,8 +175,16 @@ class CleanPipeline:
         item._problems = problems
         return item
 
-    def _clean_field(self, item: StoredItem, values: dict[str, Any], name: str, kind: str | None, join: bool,
-                     meta: dict[str, Any], context: dict[str, Any]) -> str | None:
+    def _clean_field(
+        self,
+        item: StoredItem,
+        values: dict[str, Any],
+        name: str,
+        kind: str | None,
+        join: bool,
+        meta: dict[str, Any],
+        context: dict[str, Any],
+    ) -> str | None:
         # *values* is the item's own dict: every name comes from its fields, so writing there is
         # what ``item[name] = …`` does, without a method call per read and write.
         raw = values[name]
@@ -256,8 +268,7 @@ class CleanPipeline:
                 if reading.problem:
                     problem = f"{currency_field}: {reading.problem}"
         separator = meta.get("decimal_separator") or self._option("decimal_separator", None)
-        price = read_price(raw, declared or default, territory, decimal_separator=separator,
-                           locale=context["locale"])
+        price = read_price(raw, declared or default, territory, decimal_separator=separator, locale=context["locale"])
         item[name] = price.amount
         if price.amount is None:
             if price.problem:

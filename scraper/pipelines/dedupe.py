@@ -112,7 +112,7 @@ class DedupePipeline:
         self._hkey: str | None = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "DedupePipeline":
+    def from_crawler(cls, crawler: Any) -> DedupePipeline:
         return cls(crawler)
 
     async def process_item(self, item: Any) -> Any:
@@ -126,8 +126,9 @@ class DedupePipeline:
             hkey = self._hkey
             if hkey is None:
                 # A replay (scrapy reprocess) claims in a hash of its own, apart from the live crawl's.
-                hkey = self._hkey = (self.crawler.settings.get("ARCHIVE_REPLAY_ITEMS_KEY")
-                                     or items_seen_key(self.crawler.spider.name))
+                hkey = self._hkey = self.crawler.settings.get("ARCHIVE_REPLAY_ITEMS_KEY") or items_seen_key(
+                    self.crawler.spider.name
+                )
             reply = await self._claim(hkey, digest.hex(), origin)
             owner = reply.decode() if isinstance(reply, bytes) else str(reply or "")
             if len(self._local) >= LOCAL_CACHE_LIMIT:

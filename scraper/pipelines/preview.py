@@ -37,7 +37,7 @@ class PreviewPipeline:
         self.crawler = crawler
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "PreviewPipeline":
+    def from_crawler(cls, crawler: Any) -> PreviewPipeline:
         return cls(crawler)
 
     def process_item(self, item: Any) -> Any:

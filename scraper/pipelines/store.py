@@ -27,7 +27,7 @@ class StorePipeline:
         self.writer = writer_for(crawler)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StorePipeline":
+    def from_crawler(cls, crawler: Any) -> StorePipeline:
         return cls(crawler)
 
     async def process_item(self, item: Any) -> Any:

@@ -40,8 +40,12 @@ def set_aside(crawler: Any, item: Any, error: Exception, stop: bool = True) -> D
     engine = crawler.engine
     if stop and not crawler.__dict__.get("_closing_for_postgres"):
         crawler._closing_for_postgres = True
-        logger.error("Stopping the crawl: %s. Its pages are dead letters (requeue them with "
-                     "`scrapy dlq requeue %s --reason store`); the queue is kept.", error, crawler.spider.name)
+        logger.error(
+            "Stopping the crawl: %s. Its pages are dead letters (requeue them with "
+            "`scrapy dlq requeue %s --reason store`); the queue is kept.",
+            error,
+            crawler.spider.name,
+        )
         deferred_from_coro(engine.close_spider_async(reason=CLOSE_REASON)).addErrback(
             lambda f: logger.error("Could not close the spider: %s", f.getErrorMessage())
         )

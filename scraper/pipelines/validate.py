@@ -44,8 +44,14 @@ def _rules_for(item_type: type[StoredItem]) -> tuple[tuple[_Rule, ...], dict[str
     found = _rules.get(item_type)
     if found is None:
         rules = tuple(
-            (name, bool(meta.get("required")), meta.get("type"), meta.get("max_length"),
-             re.compile(meta["pattern"]) if meta.get("pattern") is not None else None, meta.get("minimum"))
+            (
+                name,
+                bool(meta.get("required")),
+                meta.get("type"),
+                meta.get("max_length"),
+                re.compile(meta["pattern"]) if meta.get("pattern") is not None else None,
+                meta.get("minimum"),
+            )
             for name, meta in item_type.fields.items()
         )
         found = _rules[item_type] = (rules, item_type.price_fields())
@@ -129,7 +135,7 @@ class ValidatePipeline:
         self.writer = writer_for(crawler)
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ValidatePipeline":
+    def from_crawler(cls, crawler: Any) -> ValidatePipeline:
         return cls(crawler)
 
     async def process_item(self, item: Any) -> Any:

@@ -23,9 +23,10 @@ per cycle. Every node reads the rates once a second; the node that cut learns th
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from .limiter import _NOW_US, Command
+from .scripts import _NOW_US, Command
 
 ADAPTIVE_KEY = "politeness:adaptive"
 HOLD = 1.0  # seconds after a cut during which answers to earlier requests cut no further
@@ -45,7 +46,10 @@ end
 # A site's first cut starts from what the fleet was sending, which no node knows alone: each
 # node that reports within the first hold adds the rate it saw (the nodes that did are kept in
 # the field "<domain>\n" until the next cut).
-_CUT = _NOW_US + _PARSE + """
+_CUT = (
+    _NOW_US
+    + _PARSE
+    + """
 local rate, cut = parse(redis.call('HGET', KEYS[1], ARGV[1]))
 local nodes_field = ARGV[1] .. string.char(10)
 local decrease, ceiling, floor = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[4])
@@ -70,10 +74,14 @@ if new < floor then new = floor end
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%.4f %.0f', new, now))
 return tostring(new)
 """
+)
 
 # KEYS: adaptive. ARGV: step, hold (us), forget (us), max rate, then (domain, answers, ceiling)...
 # -> HGETALL of the key after the raises.
-_RAISE = _NOW_US + _PARSE + """
+_RAISE = (
+    _NOW_US
+    + _PARSE
+    + """
 local step, hold, forget, top = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 5, #ARGV, 3 do
   local rate, cut = parse(redis.call('HGET', KEYS[1], ARGV[i]))
@@ -91,11 +99,15 @@ for i = 5, #ARGV, 3 do
 end
 return {tostring(now), redis.call('HGETALL', KEYS[1])}
 """
+)
 
 
 def cut(domain: str, observed: float, decrease: float, floor: float, ceiling: float, node: str) -> Command:
-    return Command(_CUT, (ADAPTIVE_KEY,), (domain, f"{observed:.4f}", f"{decrease:.4f}", f"{floor:.4f}",
-                                           f"{ceiling:.4f}", int(HOLD * 1e6), node))
+    return Command(
+        _CUT,
+        (ADAPTIVE_KEY,),
+        (domain, f"{observed:.4f}", f"{decrease:.4f}", f"{floor:.4f}", f"{ceiling:.4f}", int(HOLD * 1e6), node),
+    )
 
 
 def raise_rates(answers: Iterable[tuple[str, int, float]], step: float) -> Command:

@@ -25,14 +25,14 @@ from typing import Any
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..redis_batcher import RedisBatcher
-from ..redis_client import pipeline_eval
+from . import adaptive
 from .keys import inflight_key, next_key, paused_key, waiting_deadlines_key, waiting_key
-
-_NOW_US = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
-_NOW_MS = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+from .scripts import _NOW_MS, _NOW_US, Command
 
 # KEYS: next, paused. ARGV: interval (us), max wait (us). -> {reserved 0/1, wait (us)}
-_RESERVE = _NOW_US + """
+_RESERVE = (
+    _NOW_US
+    + """
 local interval = tonumber(ARGV[1])
 local slot = now
 local latest = tonumber(redis.call('GET', KEYS[1]))
@@ -46,19 +46,25 @@ if wait > tonumber(ARGV[2]) then return {0, wait} end
 redis.call('SET', KEYS[1], string.format('%.0f', slot), 'PX', math.ceil((wait + interval) / 1000) + 1000)
 return {1, wait}
 """
+)
 
 # KEYS: paused. ARGV: pause (us). Only ever pushes the pause later, never shortens it.
-_PAUSE = _NOW_US + """
+_PAUSE = (
+    _NOW_US
+    + """
 local until_ = now + tonumber(ARGV[1])
 local current = tonumber(redis.call('GET', KEYS[1]))
 if current and current >= until_ then return 0 end
 redis.call('SET', KEYS[1], string.format('%.0f', until_), 'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
 return 1
 """
+)
 
 # KEYS: inflight, waiting, waiting deadlines. ARGV: token, limit, holder ttl (ms), waiter ttl (ms).
 # -> {admitted 0/1, waiters ahead of this one}
-_ACQUIRE = _NOW_MS + """
+_ACQUIRE = (
+    _NOW_MS
+    + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, waiter in ipairs(gone) do redis.call('ZREM', KEYS[2], waiter) end
@@ -80,9 +86,12 @@ redis.call('PEXPIRE', KEYS[2], waiter_ttl)
 redis.call('PEXPIRE', KEYS[3], waiter_ttl)
 return {0, ahead}
 """
+)
 
 # KEYS: inflight. ARGV: holder ttl (ms), tokens... -> how many of the tokens were still held.
-_RENEW = _NOW_MS + """
+_RENEW = (
+    _NOW_MS
+    + """
 local ttl = tonumber(ARGV[1])
 local held = 0
 for i = 2, #ARGV do
@@ -91,18 +100,7 @@ end
 if held > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return held
 """
-
-
-@dataclass(frozen=True)
-class Command:
-    """One script call, to be queued on a pipeline (the batcher's) or run on a client."""
-
-    script: str
-    keys: tuple[str, ...]
-    args: tuple[Any, ...]
-
-    def add(self, pipe: Any) -> Any:
-        return pipeline_eval(pipe, self.script, self.keys, self.args)
+)
 
 
 @dataclass(frozen=True)
@@ -165,18 +163,15 @@ class Limiter:
     async def renew(self, domain: str, tokens: list[str]) -> int:
         return int(await self._run(renew(domain, tokens, self.holder_ttl)))
 
-    async def cut(self, domain: str, observed: float, decrease: float, floor: float, ceiling: float,
-                  node: str) -> float:
-        from . import adaptive
-
+    async def cut(
+        self, domain: str, observed: float, decrease: float, floor: float, ceiling: float, node: str
+    ) -> float:
         reply = await self._run(adaptive.cut(domain, observed, decrease, floor, ceiling, node))
         return float(reply.decode() if isinstance(reply, bytes) else reply)
 
     async def adapt(self, answers: list[tuple[str, int, float]], step: float) -> dict[str, tuple[float, float]]:
         """Report the successful answers of adaptive domains; the fleet's rates after them (and
         how long ago each was last cut)."""
-        from . import adaptive
-
         return adaptive.parse_rates(await self._run(adaptive.raise_rates(answers, step)))
 
     async def release(self, domain: str, token: str) -> None:

@@ -44,7 +44,7 @@ class Limit:
     rate: float | None = None
     concurrency: int | None = None
 
-    def over(self, base: "Limit") -> "Limit":
+    def over(self, base: Limit) -> Limit:
         return Limit(
             self.rate if self.rate is not None else base.rate,
             self.concurrency if self.concurrency is not None else base.concurrency,
@@ -182,16 +182,18 @@ def read_policy(settings: BaseSettings, spider: Any = None) -> Policy:
         default = parse_limit(own, f"{getattr(spider, 'name', 'spider')}.politeness").over(default)
     decrease = get_float(settings, "POLITENESS_ADAPTIVE_DECREASE", 0.7, minimum=0.05)
     if decrease >= 1:
-        raise ConfigError(f"POLITENESS_ADAPTIVE_DECREASE: must be below 1 (the share a throttled rate keeps), "
-                          f"got {decrease:g}")
+        raise ConfigError(
+            f"POLITENESS_ADAPTIVE_DECREASE: must be below 1 (the share a throttled rate keeps), got {decrease:g}"
+        )
     adaptive = Adaptive(
         enabled=get_bool(settings, "POLITENESS_ADAPTIVE", True),
         decrease=decrease,
         increase=get_float(settings, "POLITENESS_ADAPTIVE_INCREASE", 1.0, minimum=0.001),
         min_rate=get_float(settings, "POLITENESS_ADAPTIVE_MIN_RATE", 0.1, minimum=0.001),
         throttled_max_wait=get_float(settings, "POLITENESS_THROTTLED_MAX_WAIT", 600.0, minimum=1),
-        block_pattern=compile_pattern(_unset_is(settings.get("POLITENESS_BLOCK_PATTERN"), DEFAULT_BLOCK_PATTERN),
-                                      "POLITENESS_BLOCK_PATTERN"),
+        block_pattern=compile_pattern(
+            _unset_is(settings.get("POLITENESS_BLOCK_PATTERN"), DEFAULT_BLOCK_PATTERN), "POLITENESS_BLOCK_PATTERN"
+        ),
     )
     return Policy(default, overrides, max_wait, adaptive)
 

@@ -47,7 +47,7 @@ from scrapy.http import Response
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
-from twisted.internet.defer import Deferred, DeferredLock, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, DeferredLock
 from twisted.internet.task import LoopingCall, deferLater
 
 from ..redis_client import get_redis
@@ -109,7 +109,7 @@ class PolitenessMiddleware:
         self._robots: dict[str, float] = {}  # domain -> 1/Crawl-delay of its robots.txt
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "PolitenessMiddleware":
+    def from_crawler(cls, crawler: Any) -> PolitenessMiddleware:
         policy = read_policy(crawler.settings, getattr(crawler, "spider", None))
         obey_robots = crawler.settings.getbool("ROBOTSTXT_OBEY")
         if not policy.limits_anything and not policy.adaptive.enabled and not obey_robots:
@@ -127,8 +127,10 @@ class PolitenessMiddleware:
     def spider_opened(self, spider: Any) -> None:
         logger.info("Politeness limits, shared by every process on this Redis: %s", self.policy.describe())
         if self.policy.adaptive.enabled:
-            logger.info("Adaptive rates on: a site that answers 429 or 503 is slowed down for the whole fleet, "
-                        "then sped up again slowly (POLITENESS_ADAPTIVE)")
+            logger.info(
+                "Adaptive rates on: a site that answers 429 or 503 is slowed down for the whole fleet, "
+                "then sped up again slowly (POLITENESS_ADAPTIVE)"
+            )
             self._adapting = LoopingCall(lambda: deferred_from_coro(self._adapt()))
             self._adapting.start(1.0, now=False)
         self._renewal = LoopingCall(lambda: deferred_from_coro(self._renew()))
@@ -144,8 +146,12 @@ class PolitenessMiddleware:
     def robots_parsed(self, robotparser: Any, request: Request) -> None:
         """A robots.txt ``Crawl-delay`` for our user agent caps its site's rate at 1/delay."""
         settings = self.crawler.settings
-        agent = (settings.get("ROBOTSTXT_USER_AGENT") or request.headers.get(b"User-Agent")
-                 or settings.get("USER_AGENT") or "*")
+        agent = (
+            settings.get("ROBOTSTXT_USER_AGENT")
+            or request.headers.get(b"User-Agent")
+            or settings.get("USER_AGENT")
+            or "*"
+        )
         try:
             delay = robotparser.crawl_delay(agent)  # Protego's parser (Scrapy's default) has it
         except Exception:
@@ -158,12 +164,20 @@ class PolitenessMiddleware:
             return
         self._robots[limit.domain] = ceiling
         self.stats.set_value(f"politeness/crawl_delay/{limit.domain}", float(delay))
-        logger.info("robots.txt of %s asks Crawl-delay: %g s: the fleet sends it at most %.3g requests/s%s",
-                    limit.domain, delay, ceiling,
-                    f" (under the declared {limit.rate:g})" if limit.rate and limit.rate > ceiling else "")
+        logger.info(
+            "robots.txt of %s asks Crawl-delay: %g s: the fleet sends it at most %.3g requests/s%s",
+            limit.domain,
+            delay,
+            ceiling,
+            f" (under the declared {limit.rate:g})" if limit.rate and limit.rate > ceiling else "",
+        )
         if delay > 10:
-            logger.warning("%s asks a Crawl-delay of %g s: its pages come %d per minute at most, from the whole "
-                           "fleet", limit.domain, delay, max(1, int(60 / delay)))
+            logger.warning(
+                "%s asks a Crawl-delay of %g s: its pages come %d per minute at most, from the whole fleet",
+                limit.domain,
+                delay,
+                max(1, int(60 / delay)),
+            )
 
     # -- the hooks ---------------------------------------------------------------------------
 
@@ -280,7 +294,6 @@ class PolitenessMiddleware:
         """The site throttled the fleet: slow its domain down for every node, and try the request
         again at the slower rate, without spending its retry budget, for up to
         ``POLITENESS_THROTTLED_MAX_WAIT``; past that it is a dead letter (``throttled``)."""
-        conf = self.policy.adaptive
         domain = limit.domain
         observed = self._accepted(domain)
         if domain not in self._rates:
@@ -288,8 +301,12 @@ class PolitenessMiddleware:
         self._forget(self._cut(domain, observed, self._ceiling(limit)), domain)
         self.stats.inc_value("politeness/throttle_answers")
         handled = request.meta.get("handle_httpstatus_list") or ()
-        if (request.meta.get("dont_retry") or request.meta.get("handle_httpstatus_all")
-                or response.status in handled or request.callback is NO_CALLBACK):
+        if (
+            request.meta.get("dont_retry")
+            or request.meta.get("handle_httpstatus_all")
+            or response.status in handled
+            or request.callback is NO_CALLBACK
+        ):
             return response
         since = float(request.meta.get(THROTTLED_SINCE) or time.time())
         self._give_up_if_late(request, domain)
@@ -321,8 +338,9 @@ class PolitenessMiddleware:
         from ..middlewares.dead_letters import bury
 
         bury(self.crawler, request, "throttled", int(request.meta.get(THROTTLED_TIMES, 0)) + 1)
-        raise IgnoreRequest(f"throttled by {domain} for over {limit:g} s (POLITENESS_THROTTLED_MAX_WAIT): "
-                            "set aside as a dead letter")
+        raise IgnoreRequest(
+            f"throttled by {domain} for over {limit:g} s (POLITENESS_THROTTLED_MAX_WAIT): set aside as a dead letter"
+        )
 
     async def _cut(self, domain: str, observed: float, ceiling: float) -> None:
         conf = self.policy.adaptive
@@ -355,8 +373,12 @@ class PolitenessMiddleware:
             return
         if stats.get_value(key) is None:
             self._throttled_reported += 1
-            logger.info("%s throttles the fleet (429/503): its rate is now %.2f requests/s, shared by every "
-                        "node, and adapts from there", domain, rate)
+            logger.info(
+                "%s throttles the fleet (429/503): its rate is now %.2f requests/s, shared by every "
+                "node, and adapts from there",
+                domain,
+                rate,
+            )
         stats.set_value(key, round(rate, 3))
         stats.min_value(f"politeness/rate_min/{domain}", round(rate, 3))
 
@@ -406,7 +428,10 @@ class PolitenessMiddleware:
         logger.info(
             "The fleet asks %s for more than its rate of %g requests/s: its next free turn is %.0f s "
             "ahead, past POLITENESS_MAX_WAIT (%g s). Requests to it wait for their turn (logged once).",
-            limit.domain, rate, wait, self.policy.max_wait,
+            limit.domain,
+            rate,
+            wait,
+            self.policy.max_wait,
         )
 
     # -- concurrency -------------------------------------------------------------------------
@@ -507,8 +532,9 @@ class PolitenessMiddleware:
             if held < still_mine:
                 # Only if renewals stalled for HOLDER_TTL: the fleet may exceed the limit briefly.
                 self.stats.inc_value("politeness/slots_expired", still_mine - held)
-                logger.warning("%d concurrency slot(s) of %s expired before they were renewed",
-                               still_mine - held, domain)
+                logger.warning(
+                    "%d concurrency slot(s) of %s expired before they were renewed", still_mine - held, domain
+                )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -517,12 +543,17 @@ class PolitenessMiddleware:
         now = time.monotonic()
         if now - self._last_warning >= WARNING_INTERVAL:
             self._last_warning = now
-            logger.warning("Politeness limiter: Redis failed (%s: %s); requests to %s wait and ask again",
-                           type(exc).__name__, redact(str(exc))[:300], domain)
+            logger.warning(
+                "Politeness limiter: Redis failed (%s: %s); requests to %s wait and ask again",
+                type(exc).__name__,
+                redact(str(exc))[:300],
+                domain,
+            )
         return min(ERROR_BACKOFF_MIN * 2 ** (errors - 1), ERROR_BACKOFF_MAX)
 
     def _forget(self, coro: Any, domain: str) -> Deferred:
         """Run *coro* without waiting for it. On failure a slot stays taken until its deadline."""
+
         def failed(failure: Any) -> None:
             self._on_redis_error(failure.value, 1, domain)
 

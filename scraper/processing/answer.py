@@ -22,7 +22,7 @@ class StreamAnswerMiddleware:
         self.crawler = crawler
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StreamAnswerMiddleware":
+    def from_crawler(cls, crawler: Any) -> StreamAnswerMiddleware:
         if not read_config(crawler.settings).processor:
             raise NotConfigured
         return cls(crawler)

@@ -41,7 +41,7 @@ class StreamBackpressureMiddleware:
         self.look_every = _LOOK_EVERY
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StreamBackpressureMiddleware":
+    def from_crawler(cls, crawler: Any) -> StreamBackpressureMiddleware:
         config = read_config(crawler.settings)
         if not config.fetcher:
             raise NotConfigured
@@ -77,8 +77,12 @@ class StreamBackpressureMiddleware:
             return None
         stats = self.crawler.stats
         if not self._holding:
-            logger.warning("The stream holds %d responses (PROCESSING_MAX_PENDING=%d): holding new downloads "
-                           "until the processors catch up", self._length, self.limit)
+            logger.warning(
+                "The stream holds %d responses (PROCESSING_MAX_PENDING=%d): holding new downloads "
+                "until the processors catch up",
+                self._length,
+                self.limit,
+            )
         self._holding += 1
         stats.inc_value("processing/backpressure_waits")
         started = time.monotonic()

@@ -49,8 +49,14 @@ class Entry:
         for name, value in self.headers:
             headers.appendlist(name, value)
         cls = responsetypes.from_args(headers=headers, url=self.url, body=self.body)
-        return cls(url=self.url, status=self.status, headers=headers, body=self.body, request=request,
-                   flags=[*self.flags, "stream"])
+        return cls(
+            url=self.url,
+            status=self.status,
+            headers=headers,
+            body=self.body,
+            request=request,
+            flags=[*self.flags, "stream"],
+        )
 
 
 def _meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +72,9 @@ def _meta(meta: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def encode(request: Request, response: Response, spider: Any, run_id: int | None,
-           callbacks: dict[Any, str]) -> dict[str, bytes]:
+def encode(
+    request: Request, response: Response, spider: Any, run_id: int | None, callbacks: dict[Any, str]
+) -> dict[str, bytes]:
     """The stream fields of *response* to *request*. Raises ``SerializationError`` for a request
     the shared queue could not hold either (a callback that is not a spider method)."""
     data = request_to_dict(request, spider, callbacks)
@@ -76,11 +83,18 @@ def encode(request: Request, response: Response, spider: Any, run_id: int | None
     data["meta"] = _meta(data.get("meta") or {})
     headers = [
         (k.decode("latin-1"), v.decode("latin-1"))
-        for k, values in response.headers.items() if k.decode("latin-1").lower() not in SECRET_HEADERS
+        for k, values in response.headers.items()
+        if k.decode("latin-1").lower() not in SECRET_HEADERS
         for v in values
     ]
-    head = {"url": response.url, "status": response.status, "headers": headers, "flags": list(response.flags),
-            "run": run_id, "request": data}
+    head = {
+        "url": response.url,
+        "status": response.status,
+        "headers": headers,
+        "flags": list(response.flags),
+        "run": run_id,
+        "request": data,
+    }
     m, b = serializer.dumps(head), zlib.compress(response.body, ZLIB_LEVEL)
     # Signed as queue entries are: a forged entry would plant rows and queue the links it holds.
     return {"m": m, "b": b, "s": signing.current().tag(m + b"\0" + b)}
@@ -93,7 +107,12 @@ def decode(fields: dict[bytes, bytes]) -> Entry:
     request = head["request"]
     if not isinstance(request, dict) or "url" not in request:
         raise ValueError("a stream entry without its request")
-    return Entry(request=request, url=head["url"], status=int(head["status"]),
-                 headers=[(str(k), str(v)) for k, v in head.get("headers") or []],
-                 flags=list(head.get("flags") or []), run_id=head.get("run"),
-                 body=zlib.decompress(fields.get(b"b", b"") or zlib.compress(b"")))
+    return Entry(
+        request=request,
+        url=head["url"],
+        status=int(head["status"]),
+        headers=[(str(k), str(v)) for k, v in head.get("headers") or []],
+        flags=list(head.get("flags") or []),
+        run_id=head.get("run"),
+        body=zlib.decompress(fields.get(b"b", b"") or zlib.compress(b"")),
+    )

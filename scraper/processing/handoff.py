@@ -39,13 +39,16 @@ class HandoffMiddleware:
         self._callbacks: dict[Any, str] = {}
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "HandoffMiddleware":
+    def from_crawler(cls, crawler: Any) -> HandoffMiddleware:
         if not read_config(crawler.settings).fetcher:
             raise NotConfigured  # inline processing (the default) or a processor: no warning
         stream = ResponseStream(get_redis(crawler.settings["REDIS_URL"]), crawler.spidercls.name)
         stream.ensure_group()
-        logger.info("PROCESSING=decoupled: responses go to the stream %s for `scrapy process %s`",
-                    stream.key, crawler.spidercls.name)
+        logger.info(
+            "PROCESSING=decoupled: responses go to the stream %s for `scrapy process %s`",
+            stream.key,
+            crawler.spidercls.name,
+        )
         return cls(crawler, stream)
 
     def process_response(self, request: Request, response: Response) -> Response:
@@ -53,8 +56,7 @@ class HandoffMiddleware:
             return response  # a component's own request (robots.txt): no spider sees it
         stats = self.crawler.stats
         try:
-            fields = entry.encode(request, response, self.crawler.spider, current_run_id(self.crawler),
-                                  self._callbacks)
+            fields = entry.encode(request, response, self.crawler.spider, current_run_id(self.crawler), self._callbacks)
         except SerializationError as exc:
             # The shared queue could not have held it either: processed here, as inline.
             stats.inc_value("processing/not_handed_off")
@@ -65,8 +67,9 @@ class HandoffMiddleware:
         except UNREACHABLE as exc:
             self.crawler.signals.send_catch_log(signal=lease_abandoned, request=request)
             stats.inc_value("processing/handoff_errors")
-            raise IgnoreRequest(f"Redis unreachable ({type(exc).__name__}): {request.url} is fetched again "
-                                "later") from None
+            raise IgnoreRequest(
+                f"Redis unreachable ({type(exc).__name__}): {request.url} is fetched again later"
+            ) from None
         stats.inc_value("processing/handed_off")
         stats.inc_value("processing/handed_off_bytes", len(fields["m"]) + len(fields["b"]))
         request.callback = _handed_off

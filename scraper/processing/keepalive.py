@@ -32,7 +32,7 @@ class StreamKeepAlive:
         self._last_report = float("-inf")
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StreamKeepAlive":
+    def from_crawler(cls, crawler: Any) -> StreamKeepAlive:
         if not read_config(crawler.settings).fetcher:
             raise NotConfigured
         stream = ResponseStream(get_redis(crawler.settings["REDIS_URL"]), crawler.spidercls.name)
@@ -52,8 +52,11 @@ class StreamKeepAlive:
         now = time.monotonic()
         if now - self._last_report >= 10:
             self._last_report = now
-            logger.info("Shared queue empty, %d responses wait for processors (`scrapy process %s`): "
-                        "not closing yet", waiting, self.crawler.spider.name)
+            logger.info(
+                "Shared queue empty, %d responses wait for processors (`scrapy process %s`): not closing yet",
+                waiting,
+                self.crawler.spider.name,
+            )
         self._schedule_poke()
         raise DontCloseSpider
 

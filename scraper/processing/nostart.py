@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from scrapy.exceptions import NotConfigured
 
@@ -11,7 +12,7 @@ from .config import read_config
 
 class NoStartRequests:
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "NoStartRequests":
+    def from_crawler(cls, crawler: Any) -> NoStartRequests:
         if not read_config(crawler.settings).processor:
             raise NotConfigured
         return cls()

@@ -3,7 +3,7 @@
 Each stream entry becomes the request it answers (its callback by name, as the shared queue
 rebuilds requests); :class:`~scraper.processing.answer.StreamAnswerMiddleware` answers it from
 the entry, with no network. The requests the callbacks yield take the crawl's own path into the
-shared queue: :class:`~scraper.queue.scheduler.SharedScheduler`'s ``enqueue_request``, through
+shared queue: :class:`~scraper.node.scheduler.SharedScheduler`'s ``enqueue_request``, through
 the shared seen-set, for the fetchers to fetch politely.
 
 An entry is acknowledged (and deleted) only once the engine is done with its request, which is
@@ -28,14 +28,14 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
+from ..node.scheduler import SharedScheduler
 from ..queue import keys, signing
 from ..queue.dead_letters import DeadLetters
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.shards import for_spider
-from ..queue.nodes import NodeRegistry
-from ..queue.scheduler import SharedScheduler
 from ..redis_client import UNREACHABLE
 from ..runs import record
+from ..runs.nodes import NodeRegistry
 from . import entry as entries
 from .config import read_config
 from .stream import ResponseStream
@@ -49,7 +49,7 @@ _FETCHERS_LOOK_EVERY = 1.0
 
 class StreamScheduler(SharedScheduler):
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "StreamScheduler":
+    def from_crawler(cls, crawler: Any) -> StreamScheduler:
         instance = super().from_crawler(crawler)
         instance.config = read_config(crawler.settings)
         return instance  # type: ignore[return-value]
@@ -61,15 +61,23 @@ class StreamScheduler(SharedScheduler):
         # The links go to the frontier as the fetchers' run shards it.
         self.shards = for_spider(self.server, spider.name, self.crawler.settings)
         self.df = SharedDupeFilter(
-            self.server, key=self.dupefilter_key % {"spider": spider.name},
-            fingerprinter=self.crawler.request_fingerprinter, debug=self.debug,
-            local_cache_size=self.local_cache_size, stats=self.stats,
-            stores=make_stores(self.server, spider.name, self.crawler.settings, self.shards), shards=self.shards,
+            self.server,
+            key=self.dupefilter_key % {"spider": spider.name},
+            fingerprinter=self.crawler.request_fingerprinter,
+            debug=self.debug,
+            local_cache_size=self.local_cache_size,
+            stats=self.stats,
+            stores=make_stores(self.server, spider.name, self.crawler.settings, self.shards),
+            shards=self.shards,
         )
-        self.queue = load_object(self.queue_cls)(server=self.server, spider=spider,
-                                                 key=self.queue_key % {"spider": spider.name},
-                                                 serializer=self.serializer, prefetch=self.prefetch,
-                                                 shards=self.shards)
+        self.queue = load_object(self.queue_cls)(
+            server=self.server,
+            spider=spider,
+            key=self.queue_key % {"spider": spider.name},
+            serializer=self.serializer,
+            prefetch=self.prefetch,
+            shards=self.shards,
+        )
         self.leases = None
         self.barrier = None
         self._unserializable_logged: set[str] = set()
@@ -96,9 +104,15 @@ class StreamScheduler(SharedScheduler):
         self._next_renewal = self._next_claim = 0.0
         self._loop = task.LoopingCall(self._tend)
         self._loop.start(_TEND_EVERY, now=False)
-        logger.info("Processing the responses of %s from %s as %s (claiming entries idle for %gs, dead letters "
-                    "after %d deliveries)", spider.name, self.stream.key, self.stream.consumer, claim_idle,
-                    self.config.max_deliveries)
+        logger.info(
+            "Processing the responses of %s from %s as %s (claiming entries idle for %gs, dead letters "
+            "after %d deliveries)",
+            spider.name,
+            self.stream.key,
+            self.stream.consumer,
+            claim_idle,
+            self.config.max_deliveries,
+        )
         return None
 
     # --- taking entries -------------------------------------------------------------------------
@@ -133,9 +147,11 @@ class StreamScheduler(SharedScheduler):
     def _bury(self, entry_id: str, fields: dict[bytes, bytes], deliveries: int, reason: str | None = None) -> None:
         if reason is None:
             deliveries -= 1  # this delivery is the one that gives up
-            reason = (f"processing: delivered {deliveries} times (PROCESSING_MAX_DELIVERIES="
-                      f"{self.config.max_deliveries}), each time its processor died or stalled before "
-                      "committing its items")
+            reason = (
+                f"processing: delivered {deliveries} times (PROCESSING_MAX_DELIVERIES="
+                f"{self.config.max_deliveries}), each time its processor died or stalled before "
+                "committing its items"
+            )
         request = None
         try:
             request = entries.decode(fields).to_request(self.spider)
@@ -238,10 +254,12 @@ class StreamScheduler(SharedScheduler):
         run_id = self.stats.get_value("run/id")
         if not run_id:
             return
-        figures = {stat: float(self.stats.get_value(stat, 0) or 0) for name, stat in record.FIGURES.items()
-                   if name != "pages"}  # pages are the fetchers' figure
-        self.server.hset(keys.run_figures_key(self.spider.name, run_id), f"process:{self.stream.consumer}",
-                         json.dumps(figures))
+        figures = {
+            stat: float(self.stats.get_value(stat, 0) or 0) for name, stat in record.FIGURES.items() if name != "pages"
+        }  # pages are the fetchers' figure
+        self.server.hset(
+            keys.run_figures_key(self.spider.name, run_id), f"process:{self.stream.consumer}", json.dumps(figures)
+        )
 
     def _wake_engine(self) -> None:
         # While the stream or a fetcher may bring more, the engine does not count as idle and
@@ -266,9 +284,16 @@ class StreamScheduler(SharedScheduler):
                     self.stream.leave()
                 self.buffer.clear()
             else:
-                logger.error("Redis unreachable while closing: %d stream entries stay pending; another processor "
-                             "takes them over after PROCESSING_CLAIM_IDLE", len(self.held))
+                logger.error(
+                    "Redis unreachable while closing: %d stream entries stay pending; another processor "
+                    "takes them over after PROCESSING_CLAIM_IDLE",
+                    len(self.held),
+                )
         except UNREACHABLE as exc:
-            logger.error("Redis unreachable while closing (%s): %d stream entries stay pending; another "
-                         "processor takes them over after PROCESSING_CLAIM_IDLE", type(exc).__name__, len(self.held))
+            logger.error(
+                "Redis unreachable while closing (%s): %d stream entries stay pending; another "
+                "processor takes them over after PROCESSING_CLAIM_IDLE",
+                type(exc).__name__,
+                len(self.held),
+            )
         self.df.close(reason)

@@ -111,8 +111,9 @@ class ResponseStream:
         """Entries other processors held unrenewed for *min_idle* seconds, now this consumer's,
         with how many times each has been delivered (this time included)."""
         try:
-            reply = self.server.xautoclaim(self.key, GROUP, self.consumer, int(min_idle * 1000),
-                                           start_id=self._claim_from, count=count)
+            reply = self.server.xautoclaim(
+                self.key, GROUP, self.consumer, int(min_idle * 1000), start_id=self._claim_from, count=count
+            )
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -147,8 +148,16 @@ class ResponseStream:
         """Entries read but never processed (id -> deliveries so far): claimable by any
         processor at once, this delivery not counted."""
         for entry_id, deliveries in ids.items():
-            self.server.xclaim(self.key, GROUP, self.consumer, 0, [entry_id], idle=10**9,
-                               retrycount=max(0, deliveries - 1), justid=True)
+            self.server.xclaim(
+                self.key,
+                GROUP,
+                self.consumer,
+                0,
+                [entry_id],
+                idle=10**9,
+                retrycount=max(0, deliveries - 1),
+                justid=True,
+            )
 
     def forget_idle_consumers(self, min_idle: float) -> int:
         """Drop group members (other than this one) that hold nothing and have been idle for

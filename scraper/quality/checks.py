@@ -8,9 +8,9 @@ silently. Baselines take the median of the last runs, so one odd run does not mo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import mean, median
-from typing import Iterable
 
 from . import coverage
 from .settings import QualitySettings
@@ -56,16 +56,20 @@ def _skip(check: str, subject: str, note: str) -> Check:
     return Check(check, subject, "", "", None, note)
 
 
-def check_coverage(current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations],
-                   conf: QualitySettings) -> Iterable[Check]:
+def check_coverage(
+    current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations], conf: QualitySettings
+) -> Iterable[Check]:
     counts = coverage.item_counts(current)
     for item_type, expect in sorted(expectations.items()):
         items = counts.get(item_type, 0.0)
         if items <= 0:
             continue  # nothing of this type stored: the items check speaks for it
         now = coverage.ratios(current, {item_type: expect.fields})
-        before = [coverage.ratios(f, {item_type: expect.fields}) for f in baseline
-                  if coverage.item_counts(f).get(item_type, 0) > 0]
+        before = [
+            coverage.ratios(f, {item_type: expect.fields})
+            for f in baseline
+            if coverage.item_counts(f).get(item_type, 0) > 0
+        ]
         for field in expect.fields:
             subject = f"{item_type}.{field}"
             observed = now[(item_type, field)]
@@ -81,8 +85,14 @@ def check_coverage(current: Figures, baseline: list[Figures], expectations: dict
                 yield Check("coverage", subject, "", f"{observed:.2f}", None, NO_BASELINE)
                 continue
             if items < conf.min_items:
-                yield Check("coverage", subject, f">= {wanted:.2f}", f"{observed:.2f}", None,
-                            f"skipped: {items:.0f} items, fewer than QUALITY_MIN_ITEMS={conf.min_items}")
+                yield Check(
+                    "coverage",
+                    subject,
+                    f">= {wanted:.2f}",
+                    f"{observed:.2f}",
+                    None,
+                    f"skipped: {items:.0f} items, fewer than QUALITY_MIN_ITEMS={conf.min_items}",
+                )
                 continue
             yield Check("coverage", subject, f">= {wanted:.2f}", f"{observed:.2f}", observed >= wanted - 1e-9, note)
 
@@ -103,14 +113,19 @@ def check_items(current: Figures, baseline: list[Figures], conf: QualitySettings
     wanted = base * (1 - conf.items_drop)
     observed = stored(current)
     rose = sorted(
-        ((current.get(f"rejects/{field}", 0.0) - median(b.get(f"rejects/{field}", 0.0) for b in baseline), field)
-         for field in _reject_fields(current)),
+        (
+            (current.get(f"rejects/{field}", 0.0) - median(b.get(f"rejects/{field}", 0.0) for b in baseline), field)
+            for field in _reject_fields(current)
+        ),
         reverse=True,
     )
     why = ", ".join(f"{field} +{delta:.0f}" for delta, field in rose if delta > 0)
     held = ", ".join(f"{k.split('/', 1)[1]} {v:.0f}" for k, v in sorted(current.items()) if k.startswith("held/"))
-    note = f"median of {len(baseline)} run(s): {base:.0f}" + (f"; more rejects for {why}" if why else "") + \
-        (f"; held for {held}" if held else "")
+    note = (
+        f"median of {len(baseline)} run(s): {base:.0f}"
+        + (f"; more rejects for {why}" if why else "")
+        + (f"; held for {held}" if held else "")
+    )
     yield Check("items_stored", "", f">= {wanted:.0f}", f"{observed:.0f}", observed >= wanted, note)
 
 
@@ -121,8 +136,14 @@ def check_rejects(current: Figures, baseline: list[Figures], conf: QualitySettin
     for field in sorted(_reject_fields(current) | set().union(*(_reject_fields(f) for f in baseline))):
         base = median(_reject_share(f, field) for f in baseline)
         observed = _reject_share(current, field)
-        yield Check("rejects", field, f"<= {base + conf.rejects_rise:.1%}", f"{observed:.1%}",
-                    observed <= base + conf.rejects_rise + 1e-9, f"share of items; median {base:.1%}")
+        yield Check(
+            "rejects",
+            field,
+            f"<= {base + conf.rejects_rise:.1%}",
+            f"{observed:.1%}",
+            observed <= base + conf.rejects_rise + 1e-9,
+            f"share of items; median {base:.1%}",
+        )
 
 
 def check_gone(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
@@ -134,8 +155,14 @@ def check_gone(current: Figures, baseline: list[Figures], conf: QualitySettings)
         return
     base = median(stored(f) for f in baseline)
     share = current["gone"] / base
-    yield Check("gone", "", f"<= {conf.gone_spike:.1%}", f"{share:.1%}", share <= conf.gone_spike + 1e-9,
-                f"{current['gone']:.0f} rows gone of the baseline's {base:.0f}")
+    yield Check(
+        "gone",
+        "",
+        f"<= {conf.gone_spike:.1%}",
+        f"{share:.1%}",
+        share <= conf.gone_spike + 1e-9,
+        f"{current['gone']:.0f} rows gone of the baseline's {base:.0f}",
+    )
 
 
 def _pages_per_item(f: Figures) -> float:
@@ -150,8 +177,9 @@ def check_pages_per_item(current: Figures, baseline: list[Figures], conf: Qualit
     base = median(_pages_per_item(f) for f in usable)
     wanted = base * (1 + conf.pages_per_item_rise)
     observed = _pages_per_item(current)
-    yield Check("pages_per_item", "", f"<= {wanted:.2f}", f"{observed:.2f}", observed <= wanted + 1e-9,
-                f"median {base:.2f}")
+    yield Check(
+        "pages_per_item", "", f"<= {wanted:.2f}", f"{observed:.2f}", observed <= wanted + 1e-9, f"median {base:.2f}"
+    )
 
 
 def check_dead_letters(current: Figures, conf: QualitySettings) -> Iterable[Check]:
@@ -163,8 +191,14 @@ def check_dead_letters(current: Figures, conf: QualitySettings) -> Iterable[Chec
         yield _skip("dead_letters", "", "skipped: no page")
         return
     share = dead / pages
-    yield Check("dead_letters", "", f"<= {conf.dead_letters:.0%}", f"{share:.1%}", share <= conf.dead_letters + 1e-9,
-                f"{dead:.0f} of {pages:.0f} pages set aside (scrapy dlq list SPIDER)")
+    yield Check(
+        "dead_letters",
+        "",
+        f"<= {conf.dead_letters:.0%}",
+        f"{share:.1%}",
+        share <= conf.dead_letters + 1e-9,
+        f"{dead:.0f} of {pages:.0f} pages set aside (scrapy dlq list SPIDER)",
+    )
 
 
 def check_responses(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
@@ -173,15 +207,22 @@ def check_responses(current: Figures, baseline: list[Figures], conf: QualitySett
         if not baseline:
             yield _skip(name, "", NO_BASELINE)
             continue
-        share = lambda f: _ratio(f.get(f"responses/{kind}", 0.0), f.get("responses/total", 0.0))  # noqa: E731
+        share = lambda f, kind=kind: _ratio(f.get(f"responses/{kind}", 0.0), f.get("responses/total", 0.0))  # noqa: E731
         base = median(share(f) for f in baseline)
         observed = share(current)
-        yield Check(name, "", f"<= {base + conf.responses_rise:.1%}", f"{observed:.1%}",
-                    observed <= base + conf.responses_rise + 1e-9, f"share of responses; median {base:.1%}")
+        yield Check(
+            name,
+            "",
+            f"<= {base + conf.responses_rise:.1%}",
+            f"{observed:.1%}",
+            observed <= base + conf.responses_rise + 1e-9,
+            f"share of responses; median {base:.1%}",
+        )
 
 
-def run_checks(current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations],
-               conf: QualitySettings) -> list[Check]:
+def run_checks(
+    current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations], conf: QualitySettings
+) -> list[Check]:
     """Every check of a finished run; *baseline* holds the figures of its last finished runs."""
     return [
         *check_items(current, baseline, conf),

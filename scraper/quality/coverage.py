@@ -75,8 +75,11 @@ def ratios(figures: dict[str, float], item_fields: dict[str, list[str]]) -> dict
 
 def item_counts(figures: dict[str, float]) -> dict[str, float]:
     """Item type -> items stored, from a run's figures."""
-    return {key[len(PREFIX):-len("/items")]: value for key, value in figures.items()
-            if key.startswith(PREFIX) and key.endswith("/items")}
+    return {
+        key[len(PREFIX) : -len("/items")]: value
+        for key, value in figures.items()
+        if key.startswith(PREFIX) and key.endswith("/items")
+    }
 
 
 def fields_seen(figures: dict[str, float]) -> dict[str, set[str]]:
@@ -84,6 +87,6 @@ def fields_seen(figures: dict[str, float]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for key in figures:
         if key.startswith(PREFIX) and not key.endswith("/items"):
-            item_type, _, field = key[len(PREFIX):].partition("/")
+            item_type, _, field = key[len(PREFIX) :].partition("/")
             out.setdefault(item_type, set()).add(field)
     return out

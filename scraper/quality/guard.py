@@ -29,14 +29,11 @@ from collections import deque
 from statistics import median
 from typing import Any
 
-from scrapy.utils.defer import deferred_from_coro
+from scrapy.exceptions import DropItem
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet import task
 
 from ..config import ConfigError, get_float, get_int
-
-from scrapy.exceptions import DropItem
-from scrapy.utils.defer import maybe_deferred_to_future
-
 from ..items.base import StoredItem
 from ..pipelines.unstored import set_aside
 from ..runs_hook import current_run_id
@@ -106,7 +103,7 @@ class QualityGuardPipeline:
         self._loop: Any = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "QualityGuardPipeline":
+    def from_crawler(cls, crawler: Any) -> QualityGuardPipeline:
         return cls(crawler)
 
     # --- where the run is ------------------------------------------------------------------
@@ -166,8 +163,11 @@ class QualityGuardPipeline:
                 stats.inc_value("quality/held_items")
                 for f in missing:
                     stats.inc_value(f"quality/held_fields/{f}")
-                reasons = [f"{f}: held: empty while the run's {kind.__name__}.{f} coverage is broken "
-                           f"(QUALITY_ON_BREAK=hold keeps the stored value)" for f in missing]
+                reasons = [
+                    f"{f}: held: empty while the run's {kind.__name__}.{f} coverage is broken "
+                    f"(QUALITY_ON_BREAK=hold keeps the stored value)"
+                    for f in missing
+                ]
                 return deferred_from_coro(self._hold(item, reasons))
         return item
 
@@ -204,9 +204,11 @@ class QualityGuardPipeline:
         count = items - start
         if count < self.min_items:
             return
-        broken = {f"{kind.__name__}.{f}": [round((fields[f] - before.get(f, 0)) / count, 4), e]
-                  for f, e in expected.items() if (fields[f] - before.get(f, 0)) / count < e - 1e-9
-                  and f"{kind.__name__}.{f}" not in self.held}
+        broken = {
+            f"{kind.__name__}.{f}": [round((fields[f] - before.get(f, 0)) / count, 4), e]
+            for f, e in expected.items()
+            if (fields[f] - before.get(f, 0)) / count < e - 1e-9 and f"{kind.__name__}.{f}" not in self.held
+        }
         if broken:
             self._break(broken, source="this node")
 
@@ -229,7 +231,7 @@ class QualityGuardPipeline:
         the pages whose items are rejected still hold live rows, which must not be marked gone."""
         stats = self.crawler.stats.get_stats()
         rejected = int(stats.get("item_rejected_count", 0) or 0)
-        by_field = {k[len(_REASONS):]: int(v) for k, v in stats.items() if k.startswith(_REASONS)}
+        by_field = {k[len(_REASONS) :]: int(v) for k, v in stats.items() if k.startswith(_REASONS)}
         self._reject_snapshots.append((self._valid, rejected, by_field))
         total = self._valid + rejected
         # The newest snapshot at least a window back, else the run's start.
@@ -285,13 +287,18 @@ class QualityGuardPipeline:
             except Exception as exc:
                 logger.error("Could not tell the fleet that the run's quality broke: %s", exc)
         coverage = [f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()) if not k.startswith(_REJECTS)]
-        rejects = [f"{k[len(_REJECTS):]} {v[0]:.0%} > {v[1]:.0%}" for k, v in sorted(broken.items())
-                   if k.startswith(_REJECTS)]
-        shown = "; ".join(([f"field coverage {', '.join(coverage)}"] if coverage else []) +
-                          ([f"items rejected for {', '.join(rejects)}"] if rejects else []))
-        action = {"hold": "holding: items without these fields are held, nothing is marked gone",
-                  "stop": "stopping the spider (QUALITY_ON_BREAK=stop)",
-                  "continue": "continuing (QUALITY_ON_BREAK=continue)"}[self.mode]
+        rejects = [
+            f"{k[len(_REJECTS) :]} {v[0]:.0%} > {v[1]:.0%}" for k, v in sorted(broken.items()) if k.startswith(_REJECTS)
+        ]
+        shown = "; ".join(
+            ([f"field coverage {', '.join(coverage)}"] if coverage else [])
+            + ([f"items rejected for {', '.join(rejects)}"] if rejects else [])
+        )
+        action = {
+            "hold": "holding: items without these fields are held, nothing is marked gone",
+            "stop": "stopping the spider (QUALITY_ON_BREAK=stop)",
+            "continue": "continuing (QUALITY_ON_BREAK=continue)",
+        }[self.mode]
         logger.warning("Data quality broke in this run (seen by %s): %s; %s", source, shown, action)
         if self.mode == "stop" and not self._said:
             self._said = True
@@ -301,4 +308,5 @@ class QualityGuardPipeline:
             from scrapy.utils.defer import deferred_from_coro
 
             deferred_from_coro(self.crawler.engine.close_spider_async(reason=CLOSE_REASON)).addErrback(
-                lambda failure: logger.error("Could not stop the spider: %s", failure.value))
+                lambda failure: logger.error("Could not stop the spider: %s", failure.value)
+            )

@@ -8,7 +8,8 @@ so each node exports the same values: aggregate with ``max``, not ``sum``.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -45,10 +46,16 @@ class QualityCollector(Collector):
         counts = coverage.item_counts(current)
         seen = coverage.fields_seen(current)
         expected = monitor.expected_coverage()
-        ratio = GaugeMetricFamily("scraper_field_coverage", "Share of the current run's stored items with the "
-                                  "field filled, all nodes.", labels=["spider", "item_type", "field"])
-        items = GaugeMetricFamily("scraper_field_coverage_items", "Stored items the current run's coverage is "
-                                  "counted over, all nodes.", labels=["spider", "item_type"])
+        ratio = GaugeMetricFamily(
+            "scraper_field_coverage",
+            "Share of the current run's stored items with the field filled, all nodes.",
+            labels=["spider", "item_type", "field"],
+        )
+        items = GaugeMetricFamily(
+            "scraper_field_coverage_items",
+            "Stored items the current run's coverage is counted over, all nodes.",
+            labels=["spider", "item_type"],
+        )
         for item_type, count in sorted(counts.items()):
             items.add_metric([spider, item_type], count)
             fields = seen.get(item_type, set()) | {f for t, f in expected if t == item_type}
@@ -57,26 +64,38 @@ class QualityCollector(Collector):
                 ratio.add_metric([spider, item_type, field], value)
         yield ratio
         yield items
-        wanted = GaugeMetricFamily("scraper_field_coverage_expected", "The coverage the current run is expected "
-                                   "to reach: declared, 1 for required fields, else the average of the last "
-                                   "finished runs less QUALITY_COVERAGE_TOLERANCE.",
-                                   labels=["spider", "item_type", "field"])
+        wanted = GaugeMetricFamily(
+            "scraper_field_coverage_expected",
+            "The coverage the current run is expected "
+            "to reach: declared, 1 for required fields, else the average of the last "
+            "finished runs less QUALITY_COVERAGE_TOLERANCE.",
+            labels=["spider", "item_type", "field"],
+        )
         for (item_type, field), value in sorted(expected.items()):
             wanted.add_metric([spider, item_type, field], value)
         yield wanted
         baseline = monitor.baseline_items()
         if baseline is not None:
-            family = GaugeMetricFamily("scraper_quality_baseline_items", "Median items stored by the last "
-                                       "finished runs the current run is compared with.", labels=["spider"])
+            family = GaugeMetricFamily(
+                "scraper_quality_baseline_items",
+                "Median items stored by the last finished runs the current run is compared with.",
+                labels=["spider"],
+            )
             family.add_metric([spider], baseline)
             yield family
         if monitor.last is not None:
             run_id, result, failed = monitor.last
-            degraded = GaugeMetricFamily("scraper_quality_last_run_degraded", "1 if the spider's last checked "
-                                         "run failed a data-quality check.", labels=["spider", "run"])
+            degraded = GaugeMetricFamily(
+                "scraper_quality_last_run_degraded",
+                "1 if the spider's last checked run failed a data-quality check.",
+                labels=["spider", "run"],
+            )
             degraded.add_metric([spider, str(run_id)], 1.0 if result == "degraded" else 0.0)
             yield degraded
-            family = GaugeMetricFamily("scraper_quality_last_run_failed_checks", "Data-quality checks the "
-                                       "spider's last checked run failed.", labels=["spider"])
+            family = GaugeMetricFamily(
+                "scraper_quality_last_run_failed_checks",
+                "Data-quality checks the spider's last checked run failed.",
+                labels=["spider"],
+            )
             family.add_metric([spider], float(failed))
             yield family

@@ -32,14 +32,14 @@ from scrapy.exceptions import NotConfigured
 
 from ..config import get_float
 from ..item_observers import on_item_scraped, on_response_received
-from ..items.base import StoredItem, stored_item_types
+from ..items import StoredItem, stored_item_types
 from . import coverage as coverage_figures
 from . import figures as run_figures
 from . import report, store
 from .checks import Check, ItemExpectations, outcome, run_checks
+from .coverage import CoverageCounter
 from .guard import run_break
 from .pairs import price_checks
-from .coverage import CoverageCounter
 from .settings import EXIT_STATUS, QualitySettings, check_declared_coverage, declared_coverage, read_settings
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class QualityMonitor:
         crawler._quality_monitor = self  # found by the metrics collector
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "QualityMonitor":
+    def from_crawler(cls, crawler: Any) -> QualityMonitor:
         conf = read_settings(crawler.settings)
         if not conf.enabled or not crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler"):
             raise NotConfigured  # no shared scheduler, no run to judge
@@ -109,7 +109,7 @@ class QualityMonitor:
                 figures[f"rejects/{key.split('/', 1)[1]}"] = float(value)
             elif key.startswith("quality/held_fields/"):  # items the live guard held (see .guard)
                 figures[f"held/{key.rsplit('/', 1)[1]}"] = float(value)
-        if "items/gone" in stats:  # rows the last node out marked gone (scraper.storage.gone)
+        if "items/gone" in stats:  # rows the last node out marked gone (scraper.node.gone)
             figures["gone"] = get("items/gone")
         return figures
 
@@ -148,8 +148,13 @@ class QualityMonitor:
         if scheduler is None:
             return
         try:
-            run_figures.write(scheduler.server, self.crawler.spider.name, scheduler.run.run_id,
-                              scheduler.nodes.node_id, self.snapshot())
+            run_figures.write(
+                scheduler.server,
+                self.crawler.spider.name,
+                scheduler.run.run_id,
+                scheduler.nodes.node_id,
+                self.snapshot(),
+            )
         except Exception as exc:
             logger.warning("Could not report this node's quality figures for the run: %s", exc)
 
@@ -162,14 +167,19 @@ class QualityMonitor:
         self.report()
         run_id, ended = scheduler.run.run_id, getattr(scheduler, "run_outcome", "")
         if ended == "stopped":
-            logger.info("Data quality of run %d of %s: not checked yet (stopped); checked when it finishes",
-                        run_id, spider.name)
+            logger.info(
+                "Data quality of run %d of %s: not checked yet (stopped); checked when it finishes", run_id, spider.name
+            )
             return
         if ended != "finished":
             return  # other nodes go on; the last one out checks the run
         if reason != "finished":
-            logger.info("Data quality of run %d of %s: not checked (it ended with %r), and never a baseline",
-                        run_id, spider.name, reason)
+            logger.info(
+                "Data quality of run %d of %s: not checked (it ended with %r), and never a baseline",
+                run_id,
+                spider.name,
+                reason,
+            )
             return
         try:
             self.check(spider, scheduler, run_id)
@@ -217,11 +227,16 @@ class QualityMonitor:
         spider = getattr(self.crawler, "spider", None)
         if spider is None:
             return {}
-        expect = expectations(spider, {f"{coverage_figures.PREFIX}{item_type}/items": 1.0}, self.baseline).get(item_type)
+        expect = expectations(spider, {f"{coverage_figures.PREFIX}{item_type}/items": 1.0}, self.baseline).get(
+            item_type
+        )
         if expect is None:
             return {}
-        before = [coverage_figures.ratios(f, {item_type: expect.fields}) for _, f in self.baseline
-                  if coverage_figures.item_counts(f).get(item_type, 0) > 0]
+        before = [
+            coverage_figures.ratios(f, {item_type: expect.fields})
+            for _, f in self.baseline
+            if coverage_figures.item_counts(f).get(item_type, 0) > 0
+        ]
         out: dict[str, float] = {}
         for field in expect.fields:
             if field in expect.declared:
@@ -235,14 +250,15 @@ class QualityMonitor:
         return out
 
     def _types_seen(self) -> set[str]:
-        return {k[len(coverage_figures.PREFIX):-len("/items")] for k in self.coverage.counts if k.endswith("/items")}
+        return {k[len(coverage_figures.PREFIX) : -len("/items")] for k in self.coverage.counts if k.endswith("/items")}
 
     def baseline_items(self) -> float | None:
         return median(f.get("items/stored", 0.0) for _, f in self.baseline) if self.baseline else None
 
 
-def expectations(spider: Any, current: dict[str, float],
-                 baseline: list[tuple[int, dict[str, float]]]) -> dict[str, ItemExpectations]:
+def expectations(
+    spider: Any, current: dict[str, float], baseline: list[tuple[int, dict[str, float]]]
+) -> dict[str, ItemExpectations]:
     """What each item type the run (or its baseline) stored is expected to show."""
     types = {t.__name__: t for t in stored_item_types()}
     names = set(coverage_figures.item_counts(current))
@@ -256,14 +272,23 @@ def expectations(spider: Any, current: dict[str, float],
             out[name] = ItemExpectations(sorted(seen), [], {})
             continue
         fields = list(cls.columns())
-        out[name] = ItemExpectations(fields, [f for f in fields if cls.fields[f].get("required")],
-                                     declared_coverage(spider, cls))
+        out[name] = ItemExpectations(
+            fields, [f for f in fields if cls.fields[f].get("required")], declared_coverage(spider, cls)
+        )
     return out
 
 
 def guard_checks(broken: dict[str, list[float]]) -> list[Check]:
     """The live guard's break as failed checks: the items it held are not stored, so the stored
     items' coverage alone would call the run healthy."""
-    return [Check("guard", name, f"{'<=' if name.startswith('rejects/') else '>='} {expected:.2f}", f"{observed:.2f}",
-                  False, "broke while the run went: its changes were held")
-            for name, (observed, expected) in sorted(broken.items())]
+    return [
+        Check(
+            "guard",
+            name,
+            f"{'<=' if name.startswith('rejects/') else '>='} {expected:.2f}",
+            f"{observed:.2f}",
+            False,
+            "broke while the run went: its changes were held",
+        )
+        for name, (observed, expected) in sorted(broken.items())
+    ]

@@ -11,7 +11,8 @@ the run stored that existed before it, the share whose price moved by more than
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..items.base import StoredItem
 from . import coverage
@@ -19,8 +20,14 @@ from .checks import Check, _skip
 from .settings import QualitySettings
 
 
-def price_checks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
-                 current: dict[str, float], conf: QualitySettings) -> list[Check]:
+def price_checks(
+    conn: Any,
+    spider: str,
+    run_id: int,
+    item_types: Iterable[type[StoredItem]],
+    current: dict[str, float],
+    conf: QualitySettings,
+) -> list[Check]:
     stored = coverage.item_counts(current)
     out: list[Check] = []
     with conn, conn.cursor() as cur:
@@ -28,14 +35,22 @@ def price_checks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[
             name = item_type.__name__
             if name not in stored:
                 continue
-            cur.execute("SELECT count(*) FROM item_changes WHERE item_table = %s AND spider = %s AND run_id = %s "
-                        "AND kind = 'insert'", (item_type.table, spider, run_id))
+            cur.execute(
+                "SELECT count(*) FROM item_changes WHERE item_table = %s AND spider = %s AND run_id = %s "
+                "AND kind = 'insert'",
+                (item_type.table, spider, run_id),
+            )
             pairs = stored[name] - cur.fetchone()[0]
             for field in item_type.price_fields():
                 subject = f"{name}.{field}"
                 if pairs < max(conf.min_items, 1):
-                    out.append(_skip("price_pairs", subject, f"skipped: {pairs:.0f} items seen before, fewer "
-                                                             f"than QUALITY_MIN_ITEMS={conf.min_items}"))
+                    out.append(
+                        _skip(
+                            "price_pairs",
+                            subject,
+                            f"skipped: {pairs:.0f} items seen before, fewer than QUALITY_MIN_ITEMS={conf.min_items}",
+                        )
+                    )
                     continue
                 # A price that went from or to nothing is a coverage matter, not a jump.
                 cur.execute(
@@ -46,12 +61,19 @@ def price_checks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[
                         AND jsonb_typeof(changes->%(f)s->1) = 'number'
                         AND abs((changes->%(f)s->>1)::numeric - (changes->%(f)s->>0)::numeric)
                             > %(shift)s * greatest(abs((changes->%(f)s->>0)::numeric), 0.01)
-                    """, {"table": item_type.table, "spider": spider, "run": run_id, "f": field,
-                          "shift": conf.price_shift})
+                    """,
+                    {"table": item_type.table, "spider": spider, "run": run_id, "f": field, "shift": conf.price_shift},
+                )
                 jumps = cur.fetchone()[0]
                 share = jumps / pairs
-                out.append(Check("price_pairs", subject, f"<= {conf.price_jumps:.0%}", f"{share:.1%}",
-                                 share <= conf.price_jumps + 1e-9,
-                                 f"{jumps} of {pairs:.0f} prices seen before moved by more than "
-                                 f"{conf.price_shift:.0%}"))
+                out.append(
+                    Check(
+                        "price_pairs",
+                        subject,
+                        f"<= {conf.price_jumps:.0%}",
+                        f"{share:.1%}",
+                        share <= conf.price_jumps + 1e-9,
+                        f"{jumps} of {pairs:.0f} prices seen before moved by more than {conf.price_shift:.0%}",
+                    )
+                )
     return out

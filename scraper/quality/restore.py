@@ -10,17 +10,19 @@ blank's, and a later write of the same blank must be seen as the change it is.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from psycopg2 import sql
 
 from ..items.base import StoredItem
-from ..storage.revert import UNHASHED
 from ..storage.history import key_match
+from ..storage.revert import UNHASHED
 
 
-def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
-                   broken: Iterable[str]) -> int:
+def restore_blanks(
+    conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]], broken: Iterable[str]
+) -> int:
     """Restore the fields named in *broken* ("Type.field") that run *run_id* blanked; how many."""
     wanted: dict[str, list[str]] = {}
     for name in broken:
@@ -35,8 +37,9 @@ def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[typ
                 if field not in columns or field in item_type.key:
                     continue
                 match = key_match(item_type, "t", "b.key")
-                cur.execute(sql.SQL(
-                    """
+                cur.execute(
+                    sql.SQL(
+                        """
                     WITH blanked AS (
                         SELECT DISTINCT ON (c.key) c.key, c.changes->%(f)s->0 AS old
                         FROM item_changes c
@@ -54,7 +57,10 @@ def restore_blanks(conn: Any, spider: str, run_id: int, item_types: Iterable[typ
                         jsonb_build_object(%(f)s, jsonb_build_array(NULL, r.old))
                     FROM restored r
                     """
-                ).format(table=ident(item_type.table), field=ident(field), type=sql.SQL(columns[field]), match=match),
-                    {"f": field, "table": item_type.table, "spider": spider, "run": run_id, "unhashed": UNHASHED})
+                    ).format(
+                        table=ident(item_type.table), field=ident(field), type=sql.SQL(columns[field]), match=match
+                    ),
+                    {"f": field, "table": item_type.table, "spider": spider, "run": run_id, "unhashed": UNHASHED},
+                )
                 total += cur.rowcount
     return total

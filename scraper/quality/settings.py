@@ -13,7 +13,6 @@ from scrapy.settings import BaseSettings
 
 from ..config import ConfigError, get_bool, get_float, get_int
 
-
 # `scrapy crawl`'s exit status for a degraded run (with QUALITY_FAIL_EXIT).
 EXIT_STATUS = 3
 
@@ -88,5 +87,6 @@ def check_declared_coverage(spider: Any) -> None:
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ConfigError(f"QUALITY coverage of spider {spider.name!r}: {field} expects {ratio!r}, "
-                              "not a share between 0 and 1")
+            raise ConfigError(
+                f"QUALITY coverage of spider {spider.name!r}: {field} expects {ratio!r}, not a share between 0 and 1"
+            )

@@ -54,8 +54,10 @@ def connect(dsn: str) -> Any:
 
 def ensure_tables(conn: Any) -> None:
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('run_checks') IS NOT NULL, EXISTS (SELECT 1 FROM information_schema.columns "
-                    "WHERE table_schema = current_schema() AND table_name = 'run_quality' AND column_name = 'affected')")
+        cur.execute(
+            "SELECT to_regclass('run_checks') IS NOT NULL, EXISTS (SELECT 1 FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'run_quality' AND column_name = 'affected')"
+        )
         tables, has_affected = cur.fetchone()
         if not tables or not has_affected:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
@@ -64,8 +66,15 @@ def ensure_tables(conn: Any) -> None:
             cur.execute("ALTER TABLE run_quality ADD COLUMN IF NOT EXISTS affected text[] NOT NULL DEFAULT '{}'")
 
 
-def save(conn: Any, spider: str, run_id: int, outcome: str, baseline: list[int], figures: dict[str, float],
-         checks: list[Check]) -> None:
+def save(
+    conn: Any,
+    spider: str,
+    run_id: int,
+    outcome: str,
+    baseline: list[int],
+    figures: dict[str, float],
+    checks: list[Check],
+) -> None:
     """Write the run's outcome and checks, replacing those of an earlier check of the same run."""
     ensure_tables(conn)
     with conn, conn.cursor() as cur:
@@ -89,8 +98,10 @@ def baseline(conn: Any, spider: str, before: int, limit: int) -> list[tuple[int,
     """The figures of the spider's last *limit* checked runs before run *before*, newest first."""
     ensure_tables(conn)
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT run_id, figures FROM run_quality WHERE spider = %s AND run_id < %s "
-                    "ORDER BY run_id DESC LIMIT %s", (spider, before, limit))
+        cur.execute(
+            "SELECT run_id, figures FROM run_quality WHERE spider = %s AND run_id < %s ORDER BY run_id DESC LIMIT %s",
+            (spider, before, limit),
+        )
         return [(run_id, {k: float(v) for k, v in figures.items()}) for run_id, figures in cur.fetchall()]
 
 
@@ -98,24 +109,30 @@ def report(conn: Any, spider: str, run_id: int) -> tuple[dict[str, Any], list[Ch
     """The run's outcome row and its checks, or None if it was not checked."""
     ensure_tables(conn)
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT outcome, baseline, checked FROM run_quality WHERE spider = %s AND run_id = %s",
-                    (spider, run_id))
+        cur.execute(
+            "SELECT outcome, baseline, checked FROM run_quality WHERE spider = %s AND run_id = %s", (spider, run_id)
+        )
         row = cur.fetchone()
         if row is None:
             return None
-        cur.execute('SELECT "check", subject, expected, observed, passed, note FROM run_checks '
-                    "WHERE spider = %s AND run_id = %s ORDER BY position", (spider, run_id))
+        cur.execute(
+            'SELECT "check", subject, expected, observed, passed, note FROM run_checks '
+            "WHERE spider = %s AND run_id = %s ORDER BY position",
+            (spider, run_id),
+        )
         checks = [Check(*r) for r in cur.fetchall()]
-    return {"spider": spider, "run_id": run_id, "outcome": row[0], "baseline": list(row[1]),
-            "checked": row[2]}, checks
+    return {"spider": spider, "run_id": run_id, "outcome": row[0], "baseline": list(row[1]), "checked": row[2]}, checks
 
 
 def last_outcome(conn: Any, spider: str, before: int) -> tuple[int, str, int] | None:
     """(run id, outcome, failed checks) of the spider's last checked run before run *before*."""
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT q.run_id, q.outcome, (SELECT count(*) FROM run_checks c WHERE c.spider = q.spider "
-                    "AND c.run_id = q.run_id AND c.passed = false) FROM run_quality q "
-                    "WHERE q.spider = %s AND q.run_id < %s ORDER BY q.run_id DESC LIMIT 1", (spider, before))
+        cur.execute(
+            "SELECT q.run_id, q.outcome, (SELECT count(*) FROM run_checks c WHERE c.spider = q.spider "
+            "AND c.run_id = q.run_id AND c.passed = false) FROM run_quality q "
+            "WHERE q.spider = %s AND q.run_id < %s ORDER BY q.run_id DESC LIMIT 1",
+            (spider, before),
+        )
         row = cur.fetchone()
     return (int(row[0]), row[1], int(row[2])) if row else None
 
@@ -131,8 +148,10 @@ def outcomes(conn: Any, spider: str) -> dict[int, str]:
 def gone_column(conn: Any, spider: str, run_id: int) -> float | None:
     """The run's ``gone`` figure if ``crawl_runs`` records one (rows that vanished in that run)."""
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT 1 FROM information_schema.columns WHERE table_name = 'crawl_runs' "
-                    "AND column_name = 'gone' AND table_schema = current_schema()")
+        cur.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = 'crawl_runs' "
+            "AND column_name = 'gone' AND table_schema = current_schema()"
+        )
         if cur.fetchone() is None:
             return None
         cur.execute("SELECT gone FROM crawl_runs WHERE spider = %s AND run_id = %s", (spider, run_id))

@@ -55,7 +55,7 @@ class BloomFilter:
     hashes: int
 
     @classmethod
-    def for_capacity(cls, capacity: int, error_rate: float) -> "BloomFilter":
+    def for_capacity(cls, capacity: int, error_rate: float) -> BloomFilter:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         if not 0 < error_rate < 1:
@@ -65,7 +65,7 @@ class BloomFilter:
         return cls(capacity, error_rate, bits, hashes)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "BloomFilter":
+    def from_settings(cls, settings: Any) -> BloomFilter:
         """Read ``DUPEFILTER_BLOOM_CAPACITY`` and ``DUPEFILTER_BLOOM_ERROR_RATE``; raise
         :class:`ConfigError` naming the setting when one is malformed or the filter too big."""
         capacity = get_int(settings, "DUPEFILTER_BLOOM_CAPACITY", DEFAULT_CAPACITY, minimum=1)
@@ -203,12 +203,18 @@ class BloomSeen(GenerationalClaims):
     def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes) -> None:
         self.generation()
         current, previous, expire_at = self.generations.keys(self.base)
-        self._claim(keys=[current, previous, self.params_key, queue_key],
-                    args=[expire_at, score, data, self.bloom.packed_positions(fingerprint)], client=pipe)
+        self._claim(
+            keys=[current, previous, self.params_key, queue_key],
+            args=[expire_at, score, data, self.bloom.packed_positions(fingerprint)],
+            client=pipe,
+        )
 
     def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
-        return self._claim(keys=[current, previous, self.params_key],
-                           args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)], client=client)
+        return self._claim(
+            keys=[current, previous, self.params_key],
+            args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)],
+            client=client,
+        )
 
     def keys(self) -> list[str]:
         return [*self.generations.live_keys(self.base), self.params_key]
@@ -233,8 +239,20 @@ class BloomSeen(GenerationalClaims):
     # --- internals ------------------------------------------------------------------------------
     def _shape_fields(self) -> list[Any]:
         b = self.bloom
-        return ["bits", b.bits, "hashes", b.hashes, "capacity", b.capacity, "error_rate", repr(b.error_rate),
-                "expiry", repr(self.expiry), "layout", LAYOUT]
+        return [
+            "bits",
+            b.bits,
+            "hashes",
+            b.hashes,
+            "capacity",
+            b.capacity,
+            "error_rate",
+            repr(b.error_rate),
+            "expiry",
+            repr(self.expiry),
+            "layout",
+            LAYOUT,
+        ]
 
     def _stored_shape(self) -> tuple[BloomFilter, float] | None:
         raw = self.server.hgetall(self.params_key)
@@ -251,8 +269,14 @@ class BloomSeen(GenerationalClaims):
                 "this node is configured for %d at %s with expiry %ss and uses the stored shape "
                 "(a filter cannot be resized). The new settings apply once the crawl's seen-state "
                 "is gone (delete %s and its generation keys to start afresh).",
-                self.base, bloom.capacity, bloom.error_rate, expiry, self.bloom.capacity,
-                self.bloom.error_rate, self.expiry, self.params_key,
+                self.base,
+                bloom.capacity,
+                bloom.error_rate,
+                expiry,
+                self.bloom.capacity,
+                self.bloom.error_rate,
+                self.expiry,
+                self.params_key,
             )
             self.bloom = bloom
             self.generations = Generations(self.server, expiry)
@@ -270,7 +294,10 @@ class BloomSeen(GenerationalClaims):
                 "The Bloom filter %s holds about %d URLs, more than its capacity of %d: new pages are "
                 "now wrongly taken for seen more often than %s of the time (about %.2g). Raise "
                 "DUPEFILTER_BLOOM_CAPACITY for the next crawl.",
-                current, count, self.bloom.capacity, self.bloom.error_rate,
+                current,
+                count,
+                self.bloom.capacity,
+                self.bloom.error_rate,
                 self.bloom.false_positive_rate(int(count)),
             )
 
@@ -295,10 +322,12 @@ class BloomSeen(GenerationalClaims):
 
 
 def _shape_from(raw: dict, key: str) -> tuple[BloomFilter, float]:
-    fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-              for k, v in raw.items()}
+    fields = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()
+    }
     if fields.get("layout") != LAYOUT:
         raise RuntimeError(f"{key}: a Bloom filter of layout {fields.get('layout')!r}; this version reads {LAYOUT!r}")
-    bloom = BloomFilter(int(fields["capacity"]), float(fields["error_rate"]),
-                        int(fields["bits"]), int(fields["hashes"]))
+    bloom = BloomFilter(
+        int(fields["capacity"]), float(fields["error_rate"]), int(fields["bits"]), int(fields["hashes"])
+    )
     return bloom, float(fields["expiry"])

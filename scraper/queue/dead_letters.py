@@ -15,30 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
 from scrapy import Request
 
 from ..redis_client import pipeline_eval
 from . import serializer, signing
+from .dead_entry import entry
 from .keys import dead_index_key, dead_key, queue_key
+from .queues import PriorityQueue
 from .requests import is_leaked_api_call
+from .scores import score_for
 
 #: Meta a request collects while it fails (retries, callback retries, its lease): a requeued
 #: dead letter starts again with none of it, so it gets its full retries.
 FAILURE_META = ("retry_times", "callback_attempts", "_lease", "download_latency", "download_slot")
-
-
-def entry(reason: str, attempts: int, url: str | None, data: str | bytes, count: int = 1) -> str:
-    """One dead letter, as stored: the request's queue JSON plus why and how often it failed."""
-    if isinstance(data, bytes):
-        data = data.decode("utf-8", "replace")  # the queue's JSON is UTF-8
-    return json.dumps(
-        {"at": time.time(), "reason": reason, "attempts": attempts, "url": url, "request": data, "count": count},
-        ensure_ascii=False,
-    )
 
 
 UNSIGNED = "unsigned"
@@ -62,8 +55,6 @@ class DeadLetters:
     def __init__(self, server: Any, spider: Any, shards: Any = None) -> None:
         self.server = server
         self.spider = spider
-        from .queues import PriorityQueue  # the queue module records unreadable entries here
-
         self.key = dead_key(spider.name)
         self.index_key = dead_index_key(spider.name)
         self.queue = PriorityQueue(server, spider, queue_key(spider.name), shards=shards)
@@ -107,8 +98,6 @@ class DeadLetters:
         their retry counters reset.
 
         They bypass the seen-set, as a redelivery must. Returns how many were requeued."""
-        from .queues import score_for
-
         signer = signing.current()
 
         def move(pipe: Any, letter: dict[str, Any]) -> bool:
@@ -135,6 +124,7 @@ class DeadLetters:
     def purge_api_calls(self) -> int:
         """Delete the entries that are scraping-API calls of an earlier version (they hold the
         API key and are no target page); returns how many."""
+
         def leaked(pipe: Any, letter: dict[str, Any]) -> bool:
             try:
                 return is_leaked_api_call(serializer.loads(letter["request"]))

@@ -159,7 +159,9 @@ def make_store(server: Any, spider_name: str, settings: Any) -> SeenSet | BloomS
     return make_stores(server, spider_name, settings)[0]
 
 
-def make_stores(server: Any, spider_name: str, settings: Any, shards: Shards | None = None) -> list[SeenSet | BloomSeen]:
+def make_stores(
+    server: Any, spider_name: str, settings: Any, shards: Shards | None = None
+) -> list[SeenSet | BloomSeen]:
     """The seen-state of each shard of *spider_name*'s frontier (one without *shards*). A
     Bloom filter's capacity is shared out between the shards."""
     config = seen_config(settings)
@@ -168,8 +170,10 @@ def make_stores(server: Any, spider_name: str, settings: Any, shards: Shards | N
         bloom = config.bloom
         if shards.count > 1:
             bloom = BloomFilter.for_capacity(math.ceil(bloom.capacity / shards.count), bloom.error_rate)
-        return [BloomSeen(server, shards.seen_key(i, keys.bloom_key(spider_name)), bloom, config.expiry)
-                for i in range(shards.count)]
+        return [
+            BloomSeen(server, shards.seen_key(i, keys.bloom_key(spider_name)), bloom, config.expiry)
+            for i in range(shards.count)
+        ]
     custom = settings.get("SCHEDULER_DUPEFILTER_KEY")
     key = custom % {"spider": spider_name} if custom else keys.dupefilter_key(spider_name)
     return [SeenSet(server, shards.seen_key(i, key), config.expiry) for i in range(shards.count)]
@@ -235,8 +239,9 @@ class SharedDupeFilter(RFPDupeFilter):
         store = self.stores[self.shards.of_url(request.url)] if self.shards is not None else self.store
         return seen or not store.add(fp)
 
-    def push_if_new(self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes,
-                    shard: int = 0) -> None:
+    def push_if_new(
+        self, pipe: Any, fingerprint: str, queue_key: str, score: float, data: bytes, shard: int = 0
+    ) -> None:
         """Add to *pipe* one command that claims *fingerprint* in *shard*'s seen-state and, if no
         process had claimed it, queues *data* in *queue_key* with *score*; its result is 1 if
         queued, else 0."""
@@ -245,8 +250,9 @@ class SharedDupeFilter(RFPDupeFilter):
     def can_push_many(self, shard: int = 0) -> bool:
         return hasattr(self.stores[shard], "push_many_if_new")
 
-    def push_many_if_new(self, pipe: Any, entries: list[tuple[str, float, bytes]], queue_key: str,
-                         shard: int = 0) -> None:
+    def push_many_if_new(
+        self, pipe: Any, entries: list[tuple[str, float, bytes]], queue_key: str, shard: int = 0
+    ) -> None:
         """:meth:`push_if_new` for many ``(fingerprint, score, data)`` in one command, whose
         result is a list of 1 (queued) or 0 per entry (only where :meth:`can_push_many`)."""
         self.stores[shard].push_many_if_new(pipe, entries, queue_key)

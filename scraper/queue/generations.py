@@ -19,7 +19,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .clock import RedisClock
 

@@ -15,13 +15,35 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 #: Suffixes of the keys a spider had before hash tags (``<spider>:<suffix>[...]``).
-_LEGACY_SUFFIXES = ("requests", "dupefilter", "bloom", "items:", "nodes", "dead", "scraping_api:", "run",
-                    "leased", "lease_deadlines", "redeliveries", "lease_owners", "responses")
+_LEGACY_SUFFIXES = (
+    "requests",
+    "dupefilter",
+    "bloom",
+    "items:",
+    "nodes",
+    "dead",
+    "scraping_api:",
+    "run",
+    "leased",
+    "lease_deadlines",
+    "redeliveries",
+    "lease_owners",
+    "responses",
+)
 
 
 #: Keys one of which any crawl of an earlier version left behind.
-_LEGACY_MARKERS = ("run", "requests", "dead", "leased", "lease_deadlines", "dupefilter", "bloom:params",
-                   "items:seen", "nodes")
+_LEGACY_MARKERS = (
+    "run",
+    "requests",
+    "dead",
+    "leased",
+    "lease_deadlines",
+    "dupefilter",
+    "bloom:params",
+    "items:seen",
+    "nodes",
+)
 
 
 def prefix(spider_name: str) -> str:
@@ -78,8 +100,12 @@ def lease_keys(spider_name: str) -> dict[str, str]:
 
 def lease_keys_under(tag: str) -> dict[str, str]:
     """:func:`lease_keys` under the hash tag *tag* (a spider's, or a shard's)."""
-    return {"leased": f"{tag}:leased", "deadlines": f"{tag}:lease_deadlines", "redeliveries": f"{tag}:redeliveries",
-            "owners": f"{tag}:lease_owners"}
+    return {
+        "leased": f"{tag}:leased",
+        "deadlines": f"{tag}:lease_deadlines",
+        "redeliveries": f"{tag}:redeliveries",
+        "owners": f"{tag}:lease_owners",
+    }
 
 
 def escalated_key(spider_name: str) -> str:
@@ -107,14 +133,18 @@ def run_quality_key(spider_name: str, run_id: int) -> str:
     return f"{run_key(spider_name)}:{run_id}:quality"
 
 
+def budget_keys(spider_name: str) -> list[str]:
+    """The run's scraping-API budget: spent, and the reservations of calls in flight."""
+    base = budget_base_key(spider_name)
+    return [f"{base}:spent", f"{base}:deadlines", f"{base}:amounts"]
+
+
 def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> list[str]:
     """Keys that describe one run of a crawl and are dropped when that run completes.
 
     *seen_keys* are those of the request seen-state the crawl used (default: the set of the
     default backend); with an expiry there are none, as the seen-state outlives the run. The
     scraping API's budget and escalated domains belong to the run too."""
-    from ..scraping_api.budget import budget_keys
-
     seen = [dupefilter_key(spider_name)] if seen_keys is None else seen_keys
     return [*seen, items_seen_key(spider_name), escalated_key(spider_name), *budget_keys(spider_name)]
 
@@ -133,14 +163,18 @@ def migrate_legacy(server: Any, spider_name: str) -> int:
     renamed = 0
     for raw in server.scan_iter(match=_glob_escape(old) + "*", count=1000):
         name = raw.decode() if isinstance(raw, bytes) else raw
-        rest = name[len(old):]
+        rest = name[len(old) :]
         if not rest.startswith(_LEGACY_SUFFIXES):
             continue
         if server.renamenx(name, f"{prefix(spider_name)}:{rest}"):
             renamed += 1
     if renamed:
-        logger.info("Renamed %d Redis keys of %s written by an earlier version (now %s:...)",
-                    renamed, spider_name, prefix(spider_name))
+        logger.info(
+            "Renamed %d Redis keys of %s written by an earlier version (now %s:...)",
+            renamed,
+            spider_name,
+            prefix(spider_name),
+        )
     return renamed
 
 

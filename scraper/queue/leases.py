@@ -115,16 +115,26 @@ class Leases:
     lives in one shard only, so an id alone names a lease; this process remembers the shard of
     the leases it holds."""
 
-    def __init__(self, server: Any, spider_name: str, queue_key: str, dead_key: str, ttl: float,
-                 max_redeliveries: int = 5, owner: str | None = None, shards: Any = None,
-                 clock: Any = None) -> None:
+    def __init__(
+        self,
+        server: Any,
+        spider_name: str,
+        queue_key: str,
+        dead_key: str,
+        ttl: float,
+        max_redeliveries: int = 5,
+        owner: str | None = None,
+        shards: Any = None,
+        clock: Any = None,
+    ) -> None:
         self.server = server
         self.ttl = ttl
         self.max_redeliveries = max_redeliveries
         self.dead_key = dead_key
         if shards is not None and shards.count > 1:
-            self.groups = [_Group(shards.queue_key(i), shards.lease_keys(i), shards.dead_key(i))
-                           for i in range(shards.count)]
+            self.groups = [
+                _Group(shards.queue_key(i), shards.lease_keys(i), shards.dead_key(i)) for i in range(shards.count)
+            ]
         else:
             self.groups = [_Group(queue_key, keys.lease_keys(spider_name), dead_key)]
         main = self.groups[0]
@@ -147,8 +157,10 @@ class Leases:
     def take(self, count: int, shard: int = 0) -> list[tuple[str, float, bytes]]:
         """Lease up to *count* requests of *shard*: (lease id, score, data), best first."""
         group = self.groups[shard]
-        flat = self._take(keys=[group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
-                          args=[count, self.clock.now() + self.ttl, self.owner])
+        flat = self._take(
+            keys=[group.pending_key, group.leased_key, group.deadlines_key, group.owners_key],
+            args=[count, self.clock.now() + self.ttl, self.owner],
+        )
         taken = [(flat[i].decode(), float(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
         self.mine.update(lease for lease, _, _ in taken)
         if len(self.groups) > 1:
@@ -176,8 +188,10 @@ class Leases:
     def _on_owned(self, action: str, ids: set[str], deadline: float = 0.0) -> None:
         for shard, part in self._by_group(ids).items():
             group = self.groups[shard]
-            lost = self._owned(keys=[group.leased_key, group.deadlines_key, group.redeliveries_key, group.owners_key],
-                               args=[action, self.owner, deadline, *part])
+            lost = self._owned(
+                keys=[group.leased_key, group.deadlines_key, group.redeliveries_key, group.owners_key],
+                args=[action, self.owner, deadline, *part],
+            )
             if lost:
                 # Reaped while this worker stalled, perhaps taken by another: no longer ours.
                 self.mine -= {i.decode() if isinstance(i, bytes) else i for i in lost}
@@ -190,8 +204,9 @@ class Leases:
         if not taken:
             return
         for shard, part in self._by_group({lease for lease, _, _ in taken}).items():
-            self.server.zadd(self.groups[shard].pending_key,
-                             {data: score for lease, score, data in taken if lease in part})
+            self.server.zadd(
+                self.groups[shard].pending_key, {data: score for lease, score, data in taken if lease in part}
+            )
         self.ack({lease for lease, _, _ in taken})
 
     def renew(self, force: bool = False) -> None:
@@ -205,8 +220,14 @@ class Leases:
         requeued = dead = 0
         for group in self.groups:
             back, buried = self._reap(
-                keys=[group.pending_key, group.leased_key, group.deadlines_key, group.redeliveries_key,
-                      group.dead_key, group.owners_key],
+                keys=[
+                    group.pending_key,
+                    group.leased_key,
+                    group.deadlines_key,
+                    group.redeliveries_key,
+                    group.dead_key,
+                    group.owners_key,
+                ],
                 args=[self.clock.now(), self.max_redeliveries, 500],
             )
             requeued, dead = requeued + int(back), dead + int(buried)

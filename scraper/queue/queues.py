@@ -18,9 +18,11 @@ from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
 from . import serializer as json_serializer
 from . import signing
-from .dead_letters import entry as dead_entry
+from .dead_entry import entry as dead_entry
 from .keys import dead_key, queue_key
 from .requests import is_leaked_api_call, request_from_dict, request_to_dict
+from .scores import PRIORITY_STEP as _PRIORITY_STEP
+from .scores import enqueued_at, score_for  # noqa: F401  (imported from here by other modules)
 from .serializer import SerializationError
 from .shards import Shards
 
@@ -38,30 +40,23 @@ class RequestSerializationError(Exception):
     """A request cannot be put in the shared queue."""
 
 
-# A request's score is -priority * 2**32 + seconds since 2020 at enqueue time: higher priority
-# first, and first-in first-out within a priority (scrapy-redis orders equal scores by the bytes
-# of the request, which starves some requests). The enqueue time also gives the queue's age.
-_PRIORITY_STEP = float(2**32)
 # Requests a process keeps to hand back as they are (see PriorityQueue._own): ~3 MB at most.
 OWN_REQUESTS = 2000
-_EPOCH = 1577836800.0  # 2020-01-01T00:00:00Z
-
-
-def score_for(priority: int, now: float | None = None) -> float:
-    return -priority * _PRIORITY_STEP + ((time.time() if now is None else now) - _EPOCH)
-
-
-def enqueued_at(score: float) -> float:
-    """The unix time a request with this *score* was queued."""
-    return (score % _PRIORITY_STEP) + _EPOCH
 
 
 class PriorityQueue(_RedisPriorityQueue):
     """*key* is the queue of an unsharded frontier; with *shards* (see :mod:`.shards`) of more
     than one, each request goes to the queue of its domain's shard and pops go round them."""
 
-    def __init__(self, server: Any, spider: Any, key: str, serializer: Any = None, prefetch: int = 1,
-                 shards: Shards | None = None) -> None:
+    def __init__(
+        self,
+        server: Any,
+        spider: Any,
+        key: str,
+        serializer: Any = None,
+        prefetch: int = 1,
+        shards: Shards | None = None,
+    ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         self._callback_names: dict[Any, str] = {}
         # Every entry written is signed, every entry read verified (see signing.py).
@@ -95,8 +90,9 @@ class PriorityQueue(_RedisPriorityQueue):
         return self.keys[self.shard_of(request)]
 
     def push(self, request: Request) -> None:
-        self.server.execute_command("ZADD", self.key_of(request), score_for(request.priority),
-                                    self._encode_request(request))
+        self.server.execute_command(
+            "ZADD", self.key_of(request), score_for(request.priority), self._encode_request(request)
+        )
 
     def __len__(self) -> int:
         if len(self.keys) == 1:
@@ -328,5 +324,6 @@ def frontier(server: Any, spider: Any, settings: Any = None, prefetch: int = 1) 
     say the next will be): for the tools and readers that are not the scheduler."""
     from .shards import for_spider
 
-    return PriorityQueue(server, spider, queue_key(spider.name), prefetch=prefetch,
-                         shards=for_spider(server, spider.name, settings))
+    return PriorityQueue(
+        server, spider, queue_key(spider.name), prefetch=prefetch, shards=for_spider(server, spider.name, settings)
+    )

@@ -33,7 +33,7 @@ class ReplicaBarrier:
         self._looked = float("-inf")
 
     @classmethod
-    def needed(cls, server: Any, shards: Any) -> "ReplicaBarrier | None":
+    def needed(cls, server: Any, shards: Any) -> ReplicaBarrier | None:
         from .keys import is_cluster
 
         return cls(server, shards) if shards is not None and shards.count > 1 and is_cluster(server) else None

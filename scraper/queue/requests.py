@@ -8,7 +8,8 @@ written by someone with Redis access must not make a worker import arbitrary mod
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scrapy import Request, Spider
 from scrapy.http.request import NO_CALLBACK
@@ -56,8 +57,17 @@ def _callback_name(spider: Spider, func: Callable[..., Any] | str | None, cache:
 # What a plain Request holds unless told otherwise: left out of the stored dict (a plain GET
 # request is then about half as long, and cheaper to encode, store and decode); the
 # constructor puts them back. Only for Request itself: a subclass may default otherwise.
-_DEFAULTS = {"method": "GET", "body": b"", "cookies": {}, "meta": {}, "encoding": "utf-8", "priority": 0,
-             "dont_filter": False, "flags": [], "cb_kwargs": {}}
+_DEFAULTS = {
+    "method": "GET",
+    "body": b"",
+    "cookies": {},
+    "meta": {},
+    "encoding": "utf-8",
+    "priority": 0,
+    "dont_filter": False,
+    "flags": [],
+    "cb_kwargs": {},
+}
 
 
 def request_to_dict(request: Request, spider: Spider, cache: dict[Any, str]) -> dict[str, Any]:

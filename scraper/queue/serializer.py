@@ -46,9 +46,7 @@ def _encode(value: Any, path: str | None = None, finite: bool = True) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return {"$b": bytes(value).decode("latin-1")}
     if isinstance(value, dict):
-        plain = all(isinstance(k, str) for k in value) and not (
-            len(value) == 1 and next(iter(value)) in _TAGS
-        )
+        plain = all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in _TAGS)
         if path is None:
             if plain:
                 return {k: _encode(v, None, finite) for k, v in value.items()}

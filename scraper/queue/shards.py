@@ -69,7 +69,7 @@ class Shards:
         if self.count == 1:
             return base_key
         main = keys.prefix(self.spider)
-        rest = base_key[len(main):] if base_key.startswith(main) else ":" + base_key
+        rest = base_key[len(main) :] if base_key.startswith(main) else ":" + base_key
         return f"{self.prefixes[shard]}{rest}"
 
 

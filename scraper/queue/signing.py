@@ -60,9 +60,9 @@ class Signer:
         if isinstance(data, str):
             data = data.encode()
         head = len(PREFIX) + _SIG_LEN
-        if not data.startswith(PREFIX) or data[head:head + 1] != b".":
+        if not data.startswith(PREFIX) or data[head : head + 1] != b".":
             raise UnsignedEntry("no signature")
-        mac, payload = data[len(PREFIX):head], data[head + 1:]
+        mac, payload = data[len(PREFIX) : head], data[head + 1 :]
         for key in self._keys:
             if hmac.compare_digest(mac, self._mac(key, payload)):
                 return payload
@@ -73,7 +73,7 @@ def unwrap(data: bytes | str) -> bytes | str:
     """The JSON of an entry, signed or not, without checking: for display and routing only."""
     raw = data.encode() if isinstance(data, str) else data
     if raw.startswith(PREFIX):
-        return raw[len(PREFIX) + _SIG_LEN + 1:]
+        return raw[len(PREFIX) + _SIG_LEN + 1 :]
     return data
 
 
@@ -86,8 +86,9 @@ def resolve_secret(settings: Any, keep: bool = True) -> tuple[str, str]:
     """(secret, previous), or :class:`ConfigError` naming ``SCHEDULER_SECRET``."""
     # The environment too: settings built in code (scrapy.utils.test, tools) skip settings.py.
     secret = str(settings.get("SCHEDULER_SECRET") or os.environ.get("SCHEDULER_SECRET") or "").strip()
-    previous = str(settings.get("SCHEDULER_SECRET_PREVIOUS") or os.environ.get("SCHEDULER_SECRET_PREVIOUS")
-                   or "").strip()
+    previous = str(
+        settings.get("SCHEDULER_SECRET_PREVIOUS") or os.environ.get("SCHEDULER_SECRET_PREVIOUS") or ""
+    ).strip()
     for name, value in (("SCHEDULER_SECRET", secret), ("SCHEDULER_SECRET_PREVIOUS", previous)):
         if value.lower().startswith("change-me"):
             raise ConfigError(f"{name}: still the placeholder of .env.example; set a random value")

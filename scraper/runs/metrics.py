@@ -8,7 +8,8 @@ report summed), so each node exports the same values: aggregate them with ``max`
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -17,8 +18,13 @@ from ..queue import keys
 from . import record
 from .state import summed_figures
 
-_ITEMS = {"items_new": "new", "items_updated": "updated", "items_unchanged": "unchanged",
-          "items_rejected": "rejected", "duplicates": "duplicate"}
+_ITEMS = {
+    "items_new": "new",
+    "items_updated": "updated",
+    "items_unchanged": "unchanged",
+    "items_rejected": "rejected",
+    "duplicates": "duplicate",
+}
 
 
 class RunCollector(Collector):
@@ -61,19 +67,32 @@ class RunCollector(Collector):
             family.add_metric([spider], value)
             return family
 
-        yield gauge("scraper_run_started_timestamp_seconds", "When the current run started (unix time).",
-                    float(run.get("started") or 0))
+        yield gauge(
+            "scraper_run_started_timestamp_seconds",
+            "When the current run started (unix time).",
+            float(run.get("started") or 0),
+        )
         yield gauge("scraper_run_nodes", "Nodes that took part in the current run.", float(run["nodes"]))
-        yield gauge("scraper_run_pages", "Pages fetched in the current run, all nodes.",
-                    figures.get(record.FIGURES["pages"], 0.0))
-        items = GaugeMetricFamily("scraper_run_items", "Items of the current run, all nodes, by outcome.",
-                                  labels=["spider", "outcome"])
+        yield gauge(
+            "scraper_run_pages",
+            "Pages fetched in the current run, all nodes.",
+            figures.get(record.FIGURES["pages"], 0.0),
+        )
+        items = GaugeMetricFamily(
+            "scraper_run_items", "Items of the current run, all nodes, by outcome.", labels=["spider", "outcome"]
+        )
         for column, outcome in _ITEMS.items():
             items.add_metric([spider, outcome], figures.get(record.FIGURES[column], 0.0))
         yield items
-        for column, doc in (("dead_letters", "Dead letters"), ("api_credits", "Scraping-API credits spent"),
-                            ("redeliveries", "Requests of stopped workers redelivered"),
-                            ("throttled", "Pages a site throttled (429/503), tried again at a lower rate"),
-                            ("not_archived", "Pages not archived (the archive's storage failed)")):
-            yield gauge(f"scraper_run_{column}", f"{doc} in the current run, all nodes.",
-                        figures.get(record.FIGURES[column], 0.0))
+        for column, doc in (
+            ("dead_letters", "Dead letters"),
+            ("api_credits", "Scraping-API credits spent"),
+            ("redeliveries", "Requests of stopped workers redelivered"),
+            ("throttled", "Pages a site throttled (429/503), tried again at a lower rate"),
+            ("not_archived", "Pages not archived (the archive's storage failed)"),
+        ):
+            yield gauge(
+                f"scraper_run_{column}",
+                f"{doc} in the current run, all nodes.",
+                figures.get(record.FIGURES[column], 0.0),
+            )

@@ -65,8 +65,11 @@ def ensure_table(conn: Any) -> None:
         if not cur.fetchone()[0]:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             cur.execute(DDL)
-        cur.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'crawl_runs' "
-                    "AND table_schema = current_schema() AND column_name = ANY(%s)", (list(ADDED),))
+        cur.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'crawl_runs' "
+            "AND table_schema = current_schema() AND column_name = ANY(%s)",
+            (list(ADDED),),
+        )
         if cur.fetchone()[0] < len(ADDED):
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             for column, kind in ADDED.items():
@@ -96,8 +99,9 @@ def last_run(dsn: str, spider: str) -> tuple[int, str]:
     conn = connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute("SELECT run_id, state FROM crawl_runs WHERE spider = %s ORDER BY run_id DESC LIMIT 1",
-                        (spider,))
+            cur.execute(
+                "SELECT run_id, state FROM crawl_runs WHERE spider = %s ORDER BY run_id DESC LIMIT 1", (spider,)
+            )
             row = cur.fetchone()
             return (int(row[0]), str(row[1])) if row else (0, "")
     finally:
@@ -107,7 +111,7 @@ def last_run(dsn: str, spider: str) -> tuple[int, str]:
 def _ts(value: Any) -> dt.datetime | None:
     if value in (None, "", 0, "0"):
         return None
-    return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
 
 
 def upsert(conn: Any, spider: str, run_id: int, run: dict[str, str], figures: dict[str, float], nodes: int) -> None:
@@ -115,8 +119,10 @@ def upsert(conn: Any, spider: str, run_id: int, run: dict[str, str], figures: di
     {} when it is no longer current) and its summed *figures*."""
     state = run.get("state") or "running"
     values = {
-        "spider": spider, "run_id": run_id, "state": state,
-        "started": _ts(run.get("started")) or dt.datetime.now(dt.timezone.utc),
+        "spider": spider,
+        "run_id": run_id,
+        "state": state,
+        "started": _ts(run.get("started")) or dt.datetime.now(dt.UTC),
         "finished": _ts(run.get("finished")) if state == "finished" else None,
         "finish_reason": run.get("reason") if state in ("finished", "stopped", "lost") else None,
         "nodes_seen": nodes,

@@ -31,7 +31,7 @@ class RunRecorder:
         self._loop: Any = None
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "RunRecorder":
+    def from_crawler(cls, crawler: Any) -> RunRecorder:
         interval = get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1)
         if not crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler"):
             raise NotConfigured  # no shared scheduler, no run (e.g. Scrapy's in-memory one)

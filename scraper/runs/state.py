@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..queue import keys
-from ..queue.nodes import NodeRegistry
 from ..queue.shards import discard_shards
 from ..redis_client import register_script
+from .nodes import NodeRegistry
 
 #: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).
 FIGURES_KEEP = 7 * 24 * 3600
@@ -79,7 +79,9 @@ end
 # ARGV: 1 node, 2 now, 3 ttl, 4 lowest next id, 5 fresh, 6 figures prefix, 7 figures ttl,
 #       8-10 other shards (see _LIVE), 11 n dead, 12.. dead node ids.
 # Returns {action, run id, live nodes, queued, leased, finished run id, dropped}.
-_BEGIN = _LIVE + """
+_BEGIN = (
+    _LIVE
+    + """
 local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
 local state = redis.call('HGET', KEYS[1], 'state') or ''
 local queued = redis.call('ZCARD', KEYS[4]) + redis.call('XLEN', KEYS[9]) + other_queued
@@ -116,6 +118,7 @@ redis.call('HSETNX', ARGV[6] .. id .. ':figures', ARGV[1], '{}')
 redis.call('SET', ARGV[6] .. id .. ':marker', now)
 return {action, id, live, queued, leased, previous, dropped}
 """
+)
 
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the run's keys.
 # ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8-10 other
@@ -123,7 +126,9 @@ return {action, id, live, queued, leased, previous, dropped}
 # Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on), 'gone' (the
 # run is no longer this node's: another node ended it while this one was silent) or 'lost' (Redis
 # has no run record any more: its shared state was lost).
-_LEAVE = _LIVE + """
+_LEAVE = (
+    _LIVE
+    + """
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 -- No run record at all under a live run: Redis lost it (restarted empty, flushed, failed over).
@@ -148,6 +153,7 @@ end
 redis.call('HSET', KEYS[1], 'state', 'stopped', 'stopped', ARGV[2])
 return {'stopped', 0}
 """
+)
 
 
 @dataclass
@@ -161,7 +167,7 @@ class Decision:
     dropped: int = 0  # requests of a discarded run
 
     @classmethod
-    def from_reply(cls, reply: list[Any]) -> "Decision":
+    def from_reply(cls, reply: list[Any]) -> Decision:
         action = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         return cls(action, *(int(v) for v in reply[1:]))
 
@@ -177,8 +183,9 @@ class LeaseSummary:
 
 
 class RunState:
-    def __init__(self, server: Any, spider_name: str, nodes: NodeRegistry, queue_key: str,
-                 leases: Any = None, shards: Any = None) -> None:
+    def __init__(
+        self, server: Any, spider_name: str, nodes: NodeRegistry, queue_key: str, leases: Any = None, shards: Any = None
+    ) -> None:
         self.server = server
         # A sharded frontier (see scraper.queue.shards): its shards are counted before each
         # transition, and their run keys dropped after it, for a script sees one slot only.
@@ -214,17 +221,38 @@ class RunState:
         for name in names:  # one by one: the shards' keys live in different slots
             self.server.delete(name)
 
-    def begin(self, run_keys: list[str], lowest_next_id: int = 0, fresh: bool = False,
-              shard_run_keys: list[str] | None = None) -> Decision:
+    def begin(
+        self, run_keys: list[str], lowest_next_id: int = 0, fresh: bool = False, shard_run_keys: list[str] | None = None
+    ) -> Decision:
         """*run_keys* share the spider's slot and are dropped by the script; *shard_run_keys*
         (a sharded seen-state) are dropped right after it, when it says so."""
         deadlines, leased, owners, redeliveries = self._lease_keys()
         dead = self.nodes.dead_here()
         reply = self._begin(
-            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines, leased, owners,
-                  redeliveries, keys.responses_key(self.spider), *run_keys],
-            args=[self.nodes.node_id, self.nodes.clock.now(), self.nodes.ttl, lowest_next_id, "1" if fresh else "0",
-                  self.figures_prefix, FIGURES_KEEP, *self._others(), len(dead), *dead],
+            keys=[
+                self.key,
+                self.nodes.key,
+                self.nodes.info_key,
+                self.queue_key,
+                deadlines,
+                leased,
+                owners,
+                redeliveries,
+                keys.responses_key(self.spider),
+                *run_keys,
+            ],
+            args=[
+                self.nodes.node_id,
+                self.nodes.clock.now(),
+                self.nodes.ttl,
+                lowest_next_id,
+                "1" if fresh else "0",
+                self.figures_prefix,
+                FIGURES_KEEP,
+                *self._others(),
+                len(dead),
+                *dead,
+            ],
         )
         decision = Decision.from_reply(reply)
         if decision.action != "wait":
@@ -241,10 +269,27 @@ class RunState:
         deadlines = self._lease_keys()[0]
         dead = self.nodes.dead_here()
         outcome, live = self._leave(
-            keys=[self.key, self.nodes.key, self.nodes.info_key, self.queue_key, deadlines,
-                  keys.responses_key(self.spider), *run_keys],
-            args=[self.nodes.node_id, self.nodes.clock.now(), self.nodes.ttl, self.run_id, reason, self.figures_prefix,
-                  FIGURES_KEEP, *self._others(), len(dead), *dead],
+            keys=[
+                self.key,
+                self.nodes.key,
+                self.nodes.info_key,
+                self.queue_key,
+                deadlines,
+                keys.responses_key(self.spider),
+                *run_keys,
+            ],
+            args=[
+                self.nodes.node_id,
+                self.nodes.clock.now(),
+                self.nodes.ttl,
+                self.run_id,
+                reason,
+                self.figures_prefix,
+                FIGURES_KEEP,
+                *self._others(),
+                len(dead),
+                *dead,
+            ],
         )
         outcome = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
         if outcome == "finished" and self.shards is not None:
@@ -275,8 +320,10 @@ class RunState:
             deadlines_key, _leased, owners_key, _r = self._lease_keys()
             groups = [(deadlines_key, owners_key)]
         else:
-            groups = [(names["deadlines"], names["owners"])
-                      for names in (self.shards.lease_keys(i) for i in range(self.shards.count))]
+            groups = [
+                (names["deadlines"], names["owners"])
+                for names in (self.shards.lease_keys(i) for i in range(self.shards.count))
+            ]
         mine = mine or set()
         deadlines: dict[str, float] = {}
         owners: dict[str, str] = {}

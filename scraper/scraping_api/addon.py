@@ -17,7 +17,7 @@ from .middleware import get_settings
 
 class ScrapingApiAddon:
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ScrapingApiAddon":
+    def from_crawler(cls, crawler: Any) -> ScrapingApiAddon:
         return cls()
 
     def update_settings(self, settings: BaseSettings) -> None:

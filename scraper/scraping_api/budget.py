@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..queue.keys import budget_keys
 from ..redis_client import register_script
 
 logger = logging.getLogger(__name__)
@@ -104,13 +105,6 @@ return spent
 """
 
 
-def budget_keys(spider_name: str) -> list[str]:
-    from ..queue.keys import budget_base_key
-
-    base = budget_base_key(spider_name)
-    return [f"{base}:spent", f"{base}:deadlines", f"{base}:amounts"]
-
-
 class SharedBudget(Budget):
     """The run's budget in Redis, shared by every worker. Falls back to this process's own
     accounting for a call made while Redis is unreachable (the scheduler waits such outages out;
@@ -140,10 +134,12 @@ class SharedBudget(Budget):
         now = time.time()
         try:
             ok, spent, reserved = self._reserve(
-                keys=self.keys, args=[self.limit, amount, token, now + max(hold_seconds, 60.0), now])
+                keys=self.keys, args=[self.limit, amount, token, now + max(hold_seconds, 60.0), now]
+            )
         except UNREACHABLE as exc:
-            logger.warning("Redis unreachable (%s): this call is checked against this worker's own spending",
-                           type(exc).__name__)
+            logger.warning(
+                "Redis unreachable (%s): this call is checked against this worker's own spending", type(exc).__name__
+            )
             return super().reserve(amount)
         self._fleet_spent, self._fleet_reserved = float(spent), float(reserved)
         return Reservation(token, amount) if int(ok) else None

@@ -9,8 +9,8 @@ back only status, headers and body. Nothing outside the scraping-API middleware 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+
 import aiohttp
 from multidict import CIMultiDictProxy
 
@@ -50,8 +50,11 @@ class ApiClient:
             # trust_env: an HTTPS_PROXY set for the crawl applies to the API too; cookies are the
             # target's business (forwarded explicitly), never the API's.
             self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=True, cookie_jar=aiohttp.DummyCookieJar(),
-                headers={"User-Agent": self.user_agent}, auto_decompress=True,
+                connector=connector,
+                trust_env=True,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": self.user_agent},
+                auto_decompress=True,
             )
         return self._session
 
@@ -59,12 +62,16 @@ class ApiClient:
         session = self._get_session()
         try:
             async with session.request(
-                call.method, call.url, headers=call.headers, data=call.body or None,
-                timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
+                call.method,
+                call.url,
+                headers=call.headers,
+                data=call.body or None,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                allow_redirects=False,
             ) as response:
                 body = await self._read(response)
                 return Answer(response.status, response.headers, body)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransportError("timeout", f"no answer within {timeout:g} s") from None
         except aiohttp.ClientError as exc:
             raise TransportError(type(exc).__name__, redact(str(exc))[:300]) from None
@@ -95,4 +102,3 @@ def is_usable() -> bool:
         return is_asyncio_reactor_installed()
     except Exception:
         return False
-

@@ -15,9 +15,10 @@ store pipelines as items a spider built with selectors.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any
 
 from scrapy.http import Response
 
@@ -25,11 +26,13 @@ from ..cleaning import url_domain
 from ..items.base import StoredItem
 from .middleware import EXTRACTION_META
 
-_JSON_TYPES = {str: "string", Decimal: "number", int: "integer", float: "number", bool: "boolean",
-               datetime: "string"}
+_JSON_TYPES = {str: "string", Decimal: "number", int: "integer", float: "number", bool: "boolean", datetime: "string"}
 # What extraction profiles call the fields our item types name differently.
-ALIASES = {"title": ("name", "title", "product_name"), "image": ("image", "image_url", "images"),
-           "released_at": ("release_date", "releaseDate", "released_at", "date_published")}
+ALIASES = {
+    "title": ("name", "title", "product_name"),
+    "image": ("image", "image_url", "images"),
+    "released_at": ("release_date", "releaseDate", "released_at", "date_published"),
+}
 # Fields the pipeline fills itself: never asked of the API.
 OWN_FIELDS = frozenset({"source"})
 
@@ -78,8 +81,9 @@ def _value(record: dict[str, Any], name: str) -> Any:
     return None
 
 
-def items_from_extraction(response: Response, item_cls: type[StoredItem], result: Any = None,
-                          require: tuple[str, ...] = ("price", "sku")) -> Iterator[StoredItem]:
+def items_from_extraction(
+    response: Response, item_cls: type[StoredItem], result: Any = None, require: tuple[str, ...] = ("price", "sku")
+) -> Iterator[StoredItem]:
     """One item per extracted record that names at least one of *require* (a listing page
     extracted with a product profile names neither and yields nothing). Missing ``sku``-like
     keys fall back to the page URL; ``source`` is the page's site, as the other spiders set it."""

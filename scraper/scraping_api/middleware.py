@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from scrapy import Request, signals
@@ -42,14 +43,27 @@ from twisted.internet.defer import Deferred, DeferredSemaphore
 
 from ..config import ConfigError, get_choice, get_float, get_int
 from ..middlewares.requeue import requeue
-from ..secrets import install_log_redaction, redact, register_secret
 from ..queue.keys import escalated_key
 from ..redis_client import UNREACHABLE, get_redis
+from ..secrets import install_log_redaction, redact, register_secret
 from .budget import Budget, SharedBudget
 from .client import ApiClient, TransportError, is_usable
 from .providers import (
-    AUTH, BLOCKED, CREDITS, FATAL, PROVIDERS, RETRY, ApiCall, ApiError, Expired, Failed, Job, OptionError,
-    Provider, Result, Target,
+    AUTH,
+    BLOCKED,
+    CREDITS,
+    FATAL,
+    PROVIDERS,
+    RETRY,
+    ApiCall,
+    ApiError,
+    Expired,
+    Failed,
+    Job,
+    OptionError,
+    Provider,
+    Result,
+    Target,
 )
 from .routing import (
     DEFAULT_BLOCK_PATTERN,
@@ -189,13 +203,15 @@ class ScrapingApiMiddleware:
         self.stats = crawler.stats
 
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "ScrapingApiMiddleware":
+    def from_crawler(cls, crawler: Any) -> ScrapingApiMiddleware:
         conf = get_settings(crawler.settings)
         if not conf["key"]:
             raise NotConfigured("SCRAPING_API_KEY is not set: fetching directly")
         if not is_usable():
-            raise ConfigError("SCRAPING_API_KEY: the scraping-API client needs Scrapy's asyncio reactor "
-                              "(TWISTED_REACTOR = twisted.internet.asyncioreactor.AsyncioSelectorReactor)")
+            raise ConfigError(
+                "SCRAPING_API_KEY: the scraping-API client needs Scrapy's asyncio reactor "
+                "(TWISTED_REACTOR = twisted.internet.asyncioreactor.AsyncioSelectorReactor)"
+            )
         install_log_redaction()
         register_secret(conf["key"])
         mw = cls(crawler, conf)
@@ -228,8 +244,13 @@ class ScrapingApiMiddleware:
         logger.info(
             "Fetching through the %s API at %s (default route %s; per-domain routes: %s; budget: %s %s; "
             "robots.txt: %s)",
-            self.provider.name, self.provider.base_url, self.conf["default_route"], routing,
-            self.budget.limit or "none", self.provider.unit, self.conf["robotstxt"],
+            self.provider.name,
+            self.provider.base_url,
+            self.conf["default_route"],
+            routing,
+            self.budget.limit or "none",
+            self.provider.unit,
+            self.conf["robotstxt"],
         )
 
     async def spider_closed(self, spider: Any, reason: str) -> None:
@@ -259,8 +280,11 @@ class ScrapingApiMiddleware:
         if host not in self.escalated:
             self.escalated.add(host)
             self.stats.inc_value("scraping_api/escalated_domains")
-            logger.info("%s answered %s like a block: fetching it through the API from now on, on every worker",
-                        host, response.status)
+            logger.info(
+                "%s answered %s like a block: fetching it through the API from now on, on every worker",
+                host,
+                response.status,
+            )
             if self.shared is not None:
                 try:
                     self.shared.sadd(self.escalation_key, host)
@@ -281,8 +305,9 @@ class ScrapingApiMiddleware:
             return False
         # robots.txt is the site's own rule file: fetching it through the API would cost a page
         # (five with render_js) and tell the API's crawler, not ours, what it may fetch.
-        return not (self.conf["robotstxt"] == "direct" and url.path == "/robots.txt"
-                    and request.meta.get("dont_obey_robotstxt"))
+        return not (
+            self.conf["robotstxt"] == "direct" and url.path == "/robots.txt" and request.meta.get("dont_obey_robotstxt")
+        )
 
     def _shares_state(self) -> bool:
         """A node of a shared crawl (our scheduler), not a developer command on its own."""
@@ -314,8 +339,9 @@ class ScrapingApiMiddleware:
         return bool(pattern and pattern.search(response.body[:65536]))
 
     def _options(self, request: Request) -> dict[str, Any]:
-        return merge_options(self.conf["options"], getattr(self.crawler.spider, "scraping_api", None),
-                             request.meta.get(OPTIONS_META))
+        return merge_options(
+            self.conf["options"], getattr(self.crawler.spider, "scraping_api", None), request.meta.get(OPTIONS_META)
+        )
 
     # -- fetching through the API ------------------------------------------------------------
 
@@ -329,13 +355,18 @@ class ScrapingApiMiddleware:
         self._raise_if_stopping(request)
         timeout = float(request.meta.get("download_timeout") or self.conf["download_timeout"])
         reservation = self.budget.reserve(
-            estimate, hold_seconds=self.conf["job_timeout"] + timeout * (self.conf["max_retries"] + 2))
+            estimate, hold_seconds=self.conf["job_timeout"] + timeout * (self.conf["max_retries"] + 2)
+        )
         if reservation is None:
             logger.info(
                 "Scraping-API budget reached: %.1f %s spent in this run by every worker, %.1f reserved by calls "
                 "in flight, next call estimated at %.1f, budget %.1f. Raise SCRAPING_API_BUDGET to go on; "
                 "the queue is kept",
-                self.budget.spent, self.provider.unit, self.budget.reserved, estimate, self.budget.limit,
+                self.budget.spent,
+                self.provider.unit,
+                self.budget.reserved,
+                estimate,
+                self.budget.limit,
             )
             self._stop(STOP_BUDGET, request)
         started = time.monotonic()
@@ -375,8 +406,12 @@ class ScrapingApiMiddleware:
                 if resubmits > self.conf["max_retries"]:
                     self.stats.inc_value("scraping_api/failed")
                     raise ScrapingApiError(f"api:job:{what}", f"the job for {request.url} {what} {resubmits} times")
-                logger.info("The API's job for %s %s%s: submitting it again", request.url, what,
-                            f" ({outcome.detail})" if isinstance(outcome, Failed) else "")
+                logger.info(
+                    "The API's job for %s %s%s: submitting it again",
+                    request.url,
+                    what,
+                    f" ({outcome.detail})" if isinstance(outcome, Failed) else "",
+                )
                 continue
             if isinstance(outcome, Result):
                 self._count_credits(request, outcome.credits)
@@ -388,10 +423,17 @@ class ScrapingApiMiddleware:
                     self._fail(outcome, request, blocked)
                 sent = self._escalate(sent, blocked)
                 self.stats.inc_value("scraping_api/blocked_retries")
-                logger.info("The API says %s blocked it (%s %s): retry %d/%d with %s", request.url,
-                            outcome.status, outcome.code, blocked, self.conf["blocked_retries"],
-                            self.conf["escalation"][min(blocked, len(self.conf["escalation"])) - 1]
-                            if self.conf["escalation"] else "the same options")
+                logger.info(
+                    "The API says %s blocked it (%s %s): retry %d/%d with %s",
+                    request.url,
+                    outcome.status,
+                    outcome.code,
+                    blocked,
+                    self.conf["blocked_retries"],
+                    self.conf["escalation"][min(blocked, len(self.conf["escalation"])) - 1]
+                    if self.conf["escalation"]
+                    else "the same options",
+                )
                 continue
             delay = self._on_error(outcome, request, retries)
             retries += 1
@@ -412,7 +454,9 @@ class ScrapingApiMiddleware:
         while True:
             if waited > self.conf["job_timeout"]:
                 self.stats.inc_value("scraping_api/failed")
-                raise ScrapingApiError("api:job:timeout", f"the job for {request.url} was not done after {waited:.0f} s")
+                raise ScrapingApiError(
+                    "api:job:timeout", f"the job for {request.url} was not done after {waited:.0f} s"
+                )
             await self._sleep(delay)
             waited += delay
             self._raise_if_stopping(request)
@@ -429,8 +473,7 @@ class ScrapingApiMiddleware:
                 continue
             return outcome
 
-    async def _call(self, call: ApiCall, slot: str, request: Request, timeout: float,
-                    job_id: str | None = None) -> Any:
+    async def _call(self, call: ApiCall, slot: str, request: Request, timeout: float, job_id: str | None = None) -> Any:
         """Send one API call with the private client; no answer becomes a retryable ApiError."""
         self.stats.inc_value("scraping_api/requests")
         try:
@@ -446,8 +489,13 @@ class ScrapingApiMiddleware:
         outcome = self.provider.parse_response(answer.status, answer.headers, answer.body)
         if isinstance(outcome, ApiError) and outcome.status == 404 and not self._wrong_url_logged:
             self._wrong_url_logged = True
-            logger.error("The scraping API answered 404 at %s: is SCRAPING_API_URL right? It is the API's base "
-                         "URL, without a path (%s's is %s)", call.url, self.provider.name, self.provider.default_url)
+            logger.error(
+                "The scraping API answered 404 at %s: is SCRAPING_API_URL right? It is the API's base "
+                "URL, without a path (%s's is %s)",
+                call.url,
+                self.provider.name,
+                self.provider.default_url,
+            )
         return outcome
 
     @asynccontextmanager
@@ -479,8 +527,11 @@ class ScrapingApiMiddleware:
     def _fail(self, error: ApiError, request: Request, attempts: int) -> None:
         self.stats.inc_value("scraping_api/failed")
         self.stats.inc_value(f"scraping_api/failed/{error.status}")
-        raise ScrapingApiError(error.reason, f"the scraping API failed {attempts} time(s) for {request.url}: "
-                                             f"{error.status} {error.code} {error.detail}".rstrip())
+        raise ScrapingApiError(
+            error.reason,
+            f"the scraping API failed {attempts} time(s) for {request.url}: "
+            f"{error.status} {error.code} {error.detail}".rstrip(),
+        )
 
     def _on_error(self, error: ApiError, request: Request, retries: int) -> float:
         """Stop the crawl, give up on this request, or return how long to wait before a retry."""
@@ -488,8 +539,9 @@ class ScrapingApiMiddleware:
             logger.error("The scraping API refused the key (%s: %s): closing the spider", error.status, error.detail)
             self._stop(STOP_AUTH, request)
         if error.kind == CREDITS:
-            logger.error("The scraping API has no credits left (%s: %s): closing the spider", error.status,
-                         error.detail)
+            logger.error(
+                "The scraping API has no credits left (%s: %s): closing the spider", error.status, error.detail
+            )
             self._stop(STOP_CREDITS, request)
         if error.kind == FATAL:
             self._fail(error, request, retries + 1)
@@ -503,8 +555,15 @@ class ScrapingApiMiddleware:
             delay = error.retry_after  # never sooner than the API asked
         self.stats.inc_value("scraping_api/retries")
         self.stats.inc_value(f"scraping_api/retries/{error.status}")
-        logger.info("Scraping API answered %s for %s (%s); retry %d/%d in %.1f s",
-                    error.status, request.url, error.detail, retries + 1, self.conf["max_retries"], delay)
+        logger.info(
+            "Scraping API answered %s for %s (%s); retry %d/%d in %.1f s",
+            error.status,
+            request.url,
+            error.detail,
+            retries + 1,
+            self.conf["max_retries"],
+            delay,
+        )
         return delay
 
     def _forwarded_headers(self, request: Request, options: dict[str, Any]) -> dict[str, str]:
@@ -535,8 +594,7 @@ class ScrapingApiMiddleware:
         if result.extraction is not None:
             request.meta[EXTRACTION_META] = result.extraction
         cls = responsetypes.from_args(headers=headers, url=url, body=result.body)
-        return cls(url=url, status=result.status, headers=headers, body=result.body,
-                   request=request, flags=[FLAG])
+        return cls(url=url, status=result.status, headers=headers, body=result.body, request=request, flags=[FLAG])
 
     def _damaged(self, request: Request, count: int) -> None:
         """A page the API decoded into replacement characters lost text (and maybe a currency
@@ -545,10 +603,16 @@ class ScrapingApiMiddleware:
         host = self._host(request)
         if host not in self.damaged_hosts:
             self.damaged_hosts.add(host)
-            logger.warning("The %s API delivered %s with %d replacement characters (U+FFFD): it decoded the page "
-                           "with the wrong charset, and text is lost. Counted as scraping_api/damaged_text; "
-                           "pages of %s may need fetching directly (SCRAPING_API_ROUTING=%s=never)",
-                           self.provider.name, request.url, count, host, host)
+            logger.warning(
+                "The %s API delivered %s with %d replacement characters (U+FFFD): it decoded the page "
+                "with the wrong charset, and text is lost. Counted as scraping_api/damaged_text; "
+                "pages of %s may need fetching directly (SCRAPING_API_ROUTING=%s=never)",
+                self.provider.name,
+                request.url,
+                count,
+                host,
+                host,
+            )
 
     # -- stopping and waiting ----------------------------------------------------------------
 

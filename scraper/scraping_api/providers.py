@@ -23,27 +23,26 @@ import base64
 import difflib
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from ..secrets import redact
 
 # Headers of the target's response that describe the API's transfer, not the page: the body we
 # hand on is already decoded (and, for text, re-encoded), so these would lie about it.
-HOP_HEADERS = frozenset(
-    {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
-)
+HOP_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
 # What the middleware does with an error (``ApiError.kind``):
-AUTH = "auth"          # the key is refused: stop the crawl, keep the queue
-CREDITS = "credits"    # the account has no credits left: stop the crawl, keep the queue
-BLOCKED = "blocked"    # the target blocked the API: retry with escalated options, then dead letter
-RETRY = "retry"        # transient (rate limit, 5xx, network): back off and retry, then dead letter
+AUTH = "auth"  # the key is refused: stop the crawl, keep the queue
+CREDITS = "credits"  # the account has no credits left: stop the crawl, keep the queue
+BLOCKED = "blocked"  # the target blocked the API: retry with escalated options, then dead letter
+RETRY = "retry"  # transient (rate limit, 5xx, network): back off and retry, then dead letter
 THROTTLED = "throttled"  # retry, waiting as long as the provider's own client does
-FATAL = "fatal"        # retrying cannot help (bad request, paywall, billed timeout): dead letter now
+FATAL = "fatal"  # retrying cannot help (bad request, paywall, billed timeout): dead letter now
 KINDS = (AUTH, CREDITS, BLOCKED, RETRY, THROTTLED, FATAL)
 
 # Options every provider understands; the middleware maps them onto each API's own names.
@@ -149,8 +148,8 @@ def retry_after_seconds(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _json(body: bytes) -> Any:
@@ -269,8 +268,10 @@ class Provider:
         known = COMMON_OPTIONS | self.OPTIONS
         unknown = sorted(set(options) - known)
         if unknown:
-            hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1))
-                     else name for name in unknown]
+            hints = [
+                f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1)) else name
+                for name in unknown
+            ]
             raise OptionError(f"unknown {self.name} option(s) {', '.join(hints)}; known: {', '.join(sorted(known))}")
 
     def estimate(self, options: Mapping[str, Any]) -> float:
@@ -290,7 +291,7 @@ class Provider:
 
     def retry_delay(self, error: ApiError, retries: int, backoff: float) -> float:
         """Seconds before retry number ``retries + 1`` (before ``Retry-After`` is applied)."""
-        return backoff * (2 ** retries) * (0.5 + random.random() / 2)
+        return backoff * (2**retries) * (0.5 + random.random() / 2)
 
     def max_attempts(self, error: ApiError) -> int | None:
         """A provider's own cap on attempts for this error, or None for SCRAPING_API_MAX_RETRIES."""
@@ -319,26 +320,68 @@ class AlterLab(Provider):
     base_cost = 200.0
     render_cost = 1000.0
     # Top-level body fields of POST /api/v1/scrape (the SDK's ``scrape()`` arguments).
-    TOP_LEVEL = frozenset({
-        "mode", "sync", "force_refresh", "include_raw_html", "formats", "extraction_schema",
-        "extraction_prompt", "extraction_profile", "evidence", "promote_schema_org", "wait_for",
-        "screenshot", "wait_until", "pdf_format", "ocr_language", "location", "content_type",
-        "cache", "cache_ttl", "webhook_url", "max_response_bytes", "cost_controls",
-    })
+    TOP_LEVEL = frozenset(
+        {
+            "mode",
+            "sync",
+            "force_refresh",
+            "include_raw_html",
+            "formats",
+            "extraction_schema",
+            "extraction_prompt",
+            "extraction_profile",
+            "evidence",
+            "promote_schema_org",
+            "wait_for",
+            "screenshot",
+            "wait_until",
+            "pdf_format",
+            "ocr_language",
+            "location",
+            "content_type",
+            "cache",
+            "cache_ttl",
+            "webhook_url",
+            "max_response_bytes",
+            "cost_controls",
+        }
+    )
     # Fields of the ``advanced`` object (the SDK's ``AdvancedOptions``, plus session/cookies).
-    ADVANCED = frozenset({
-        "use_proxy", "proxy_country", "markdown", "generate_pdf", "ocr", "use_own_proxy",
-        "use_system_proxy", "proxy_integration_id", "remove_cookie_banners", "wait_condition",
-        "scroll_to_load", "scroll_count", "include_iframes", "flatten_shadow_dom",
-        "session_headers", "section_filter", "session_id", "cookies", "actions",
-    })
+    ADVANCED = frozenset(
+        {
+            "use_proxy",
+            "proxy_country",
+            "markdown",
+            "generate_pdf",
+            "ocr",
+            "use_own_proxy",
+            "use_system_proxy",
+            "proxy_integration_id",
+            "remove_cookie_banners",
+            "wait_condition",
+            "scroll_to_load",
+            "scroll_count",
+            "include_iframes",
+            "flatten_shadow_dom",
+            "session_headers",
+            "section_filter",
+            "session_id",
+            "cookies",
+            "actions",
+        }
+    )
     OPTIONS = TOP_LEVEL | ADVANCED | {"advanced"}
     # 504s the error reference marks as refunded: safe to retry.
     REFUNDED_504 = frozenset({"TIMEOUT", "TARGET_TIMEOUT", "SCRAPE_TIMEOUT"})
 
     def build_request(self, target: Target, options: Mapping[str, Any], timeout: float) -> ApiCall:
-        body: dict[str, Any] = {"url": target.url, "mode": "auto", "sync": True, "formats": ["html"],
-                                "timeout": max(1, int(timeout))}
+        body: dict[str, Any] = {
+            "url": target.url,
+            "mode": "auto",
+            "sync": True,
+            "formats": ["html"],
+            "timeout": max(1, int(timeout)),
+        }
         for name in self.TOP_LEVEL:
             if options.get(name) is not None:
                 body[name] = options[name]
@@ -346,7 +389,9 @@ class AlterLab(Provider):
             body["timeout"] = max(1, min(int(float(options["timeout"])), int(timeout)))
         advanced = {name: options[name] for name in self.ADVANCED if options.get(name) is not None}
         if options.get("render_js") is not None:
-            advanced["render_js"] = options["render_js"] if options["render_js"] == "auto" else _as_bool(options["render_js"])
+            advanced["render_js"] = (
+                options["render_js"] if options["render_js"] == "auto" else _as_bool(options["render_js"])
+            )
         advanced.update(options.get("advanced") or {})
         if advanced:
             body["advanced"] = advanced
@@ -370,8 +415,9 @@ class AlterLab(Provider):
         )
 
     def poll_request(self, job_id: str) -> ApiCall:
-        return ApiCall(f"{self.base_url}/api/v1/jobs/{job_id}", "GET",
-                       {"X-API-Key": self._key, "Accept": "application/json"})
+        return ApiCall(
+            f"{self.base_url}/api/v1/jobs/{job_id}", "GET", {"X-API-Key": self._key, "Accept": "application/json"}
+        )
 
     def parse_response(self, status: int, headers: Mapping[Any, Any], body: bytes) -> Outcome:
         data = _json(body)
@@ -447,12 +493,30 @@ class ScrapingBee(Provider):
 
     name = "scrapingbee"
     default_url = "https://app.scrapingbee.com"
-    OPTIONS = frozenset({
-        "wait", "wait_for", "wait_browser", "block_resources", "block_ads", "premium_proxy",
-        "stealth_proxy", "session_id", "device", "window_width", "window_height", "js_scenario",
-        "custom_google", "return_page_source", "json_response", "screenshot", "extract_rules",
-        "ai_query", "cookies", "timeout",
-    })
+    OPTIONS = frozenset(
+        {
+            "wait",
+            "wait_for",
+            "wait_browser",
+            "block_resources",
+            "block_ads",
+            "premium_proxy",
+            "stealth_proxy",
+            "session_id",
+            "device",
+            "window_width",
+            "window_height",
+            "js_scenario",
+            "custom_google",
+            "return_page_source",
+            "json_response",
+            "screenshot",
+            "extract_rules",
+            "ai_query",
+            "cookies",
+            "timeout",
+        }
+    )
 
     def build_request(self, target: Target, options: Mapping[str, Any], timeout: float) -> ApiCall:
         params: dict[str, Any] = {"url": target.url, "transparent_status_code": "true"}
@@ -474,8 +538,9 @@ class ScrapingBee(Provider):
         if target.headers:
             params["forward_headers"] = "true"
             headers.update({f"Spb-{k}": v for k, v in target.headers.items()})
-        return ApiCall(f"{self.base_url}/api/v1/?{urlencode(sorted(params.items()))}", target.method.upper(),
-                       headers, target.body)
+        return ApiCall(
+            f"{self.base_url}/api/v1/?{urlencode(sorted(params.items()))}", target.method.upper(), headers, target.body
+        )
 
     def parse_response(self, status: int, headers: Mapping[Any, Any], body: bytes) -> Outcome:
         cost = _header(headers, "Spb-Cost")
@@ -485,8 +550,13 @@ class ScrapingBee(Provider):
             if status == 401:
                 text = (error.detail + " " + error.code).lower()
                 no_credits = any(w in text for w in ("credit", "limit", "quota", "plan", "subscription"))
-                return ApiError(status, error.detail, error.retry_after, "no_credits" if no_credits else "bad_key",
-                                CREDITS if no_credits else AUTH)
+                return ApiError(
+                    status,
+                    error.detail,
+                    error.retry_after,
+                    "no_credits" if no_credits else "bad_key",
+                    CREDITS if no_credits else AUTH,
+                )
             return ApiError(status, error.detail, error.retry_after, error.code or f"http_{status}", error.kind)
         page_headers: list[tuple[str, str]] = []
         for k, v in _header_items(headers):
@@ -496,8 +566,13 @@ class ScrapingBee(Provider):
             elif low == "content-type":
                 page_headers.append((k, v))
         page_headers = [(k, v) for k, v in page_headers if k.lower() not in HOP_HEADERS]
-        return Result(url=str(resolved or ""), status=status, headers=page_headers, body=body,
-                      credits=float(retry_after_seconds(cost) or 0))
+        return Result(
+            url=str(resolved or ""),
+            status=status,
+            headers=page_headers,
+            body=body,
+            credits=float(retry_after_seconds(cost) or 0),
+        )
 
 
 class Zyte(Provider):
@@ -513,16 +588,19 @@ class Zyte(Provider):
     unit = "requests"
     base_cost = 1.0
     render_cost = 1.0
-    OPTIONS = frozenset({"zyte", "geolocation", "javascript", "actions", "screenshot", "device",
-                         "requestCookies", "ipType"})
+    OPTIONS = frozenset(
+        {"zyte", "geolocation", "javascript", "actions", "screenshot", "device", "requestCookies", "ipType"}
+    )
 
     def build_request(self, target: Target, options: Mapping[str, Any], timeout: float) -> ApiCall:
         body: dict[str, Any] = {"url": target.url}
         browser = _as_bool(options.get("render_js"))
         if browser:
             if target.method.upper() != "GET" or target.body:
-                raise OptionError(f"Zyte API browser requests (render_js) send no method or body: "
-                                  f"{target.method} {target.url} cannot be rendered; fetch it with render_js off")
+                raise OptionError(
+                    f"Zyte API browser requests (render_js) send no method or body: "
+                    f"{target.method} {target.url} cannot be rendered; fetch it with render_js off"
+                )
             body["browserHtml"] = True
             referer = next((v for k, v in target.headers.items() if k.lower() == "referer"), None)
             if referer:
@@ -544,9 +622,12 @@ class Zyte(Provider):
                 body[name] = options[name]
         body.update(options.get("zyte") or {})
         auth = base64.b64encode(f"{self._key}:".encode()).decode("ascii")
-        return ApiCall(f"{self.base_url}/v1/extract", "POST",
-                       {"Authorization": f"Basic {auth}", "Content-Type": "application/json"},
-                       json.dumps(body).encode("utf-8"))
+        return ApiCall(
+            f"{self.base_url}/v1/extract",
+            "POST",
+            {"Authorization": f"Basic {auth}", "Content-Type": "application/json"},
+            json.dumps(body).encode("utf-8"),
+        )
 
     def parse_response(self, status: int, headers: Mapping[Any, Any], body: bytes) -> Outcome:
         data = _json(body)
@@ -559,19 +640,26 @@ class Zyte(Provider):
                 page_body = base64.b64decode(data.get("httpResponseBody") or "")
                 page_headers = [(k, v) for k, v in page_headers if k.lower() != "content-encoding"]
                 decoded = False
-            return Result(url=str(data.get("url") or ""), status=int(data["statusCode"]),
-                          headers=page_headers, body=page_body, credits=self.base_cost, decoded=decoded)
+            return Result(
+                url=str(data.get("url") or ""),
+                status=int(data["statusCode"]),
+                headers=page_headers,
+                body=page_body,
+                credits=self.base_cost,
+                decoded=decoded,
+            )
         error = self._error(status, headers, body)
         kind = {401: AUTH, 403: AUTH, 402: CREDITS, 429: THROTTLED, 503: THROTTLED, 520: RETRY, 521: RETRY}.get(
-            status, RETRY if status >= 500 else FATAL)
+            status, RETRY if status >= 500 else FATAL
+        )
         return ApiError(status, error.detail, error.retry_after, error.code or f"http_{status}", kind)
 
     def retry_delay(self, error: ApiError, retries: int, backoff: float) -> float:
         if error.kind == THROTTLED:  # 20-40 s, 20-40 s, then 30 s plus up to 10 minutes
             if retries < 2:
                 return backoff * (20 + random.uniform(0, 20))
-            return backoff * (30 + random.uniform(0, min(600, 2 ** retries)))
-        return backoff * (3 + random.uniform(0, 4) + random.uniform(0, min(55, 2 ** retries)))
+            return backoff * (30 + random.uniform(0, min(600, 2**retries)))
+        return backoff * (3 + random.uniform(0, 4) + random.uniform(0, min(55, 2**retries)))
 
     def max_attempts(self, error: ApiError) -> int | None:
         if error.status == 520:

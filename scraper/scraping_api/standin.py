@@ -82,12 +82,38 @@ COUNTRY_HEADER = "X-Standin-Country"
 _MAX_BODY = 1 << 20
 
 # AlterLab: request fields the SDK sends (scrape()'s arguments).
-ALTERLAB_FIELDS = frozenset({
-    "url", "mode", "sync", "force_refresh", "include_raw_html", "timeout", "evidence", "promote_schema_org",
-    "wait_until", "advanced", "cost_controls", "formats", "extraction_schema", "extraction_prompt",
-    "extraction_profile", "wait_for", "screenshot", "pdf_format", "ocr_language", "headers", "method", "body",
-    "content_type", "location", "cache", "cache_ttl", "webhook_url", "max_response_bytes",
-})
+ALTERLAB_FIELDS = frozenset(
+    {
+        "url",
+        "mode",
+        "sync",
+        "force_refresh",
+        "include_raw_html",
+        "timeout",
+        "evidence",
+        "promote_schema_org",
+        "wait_until",
+        "advanced",
+        "cost_controls",
+        "formats",
+        "extraction_schema",
+        "extraction_prompt",
+        "extraction_profile",
+        "wait_for",
+        "screenshot",
+        "pdf_format",
+        "ocr_language",
+        "headers",
+        "method",
+        "body",
+        "content_type",
+        "location",
+        "cache",
+        "cache_ttl",
+        "webhook_url",
+        "max_response_bytes",
+    }
+)
 ALTERLAB_PRICE = {"plain": 200, "render_js": 1000, "use_proxy": 100}  # microcents
 SCRAPINGBEE_PRICE = {"plain": 1, "render_js": 5, "premium_proxy": 10, "premium_proxy_js": 25}
 
@@ -108,10 +134,17 @@ def decode_like_a_browser(raw: bytes, content_type: str | None) -> str:
 
 
 class Fetched:
-    def __init__(self, url: str, final_url: str, status: int, headers: list[tuple[str, str]], raw: bytes,
-                 millis: int) -> None:
+    def __init__(
+        self, url: str, final_url: str, status: int, headers: list[tuple[str, str]], raw: bytes, millis: int
+    ) -> None:
         self.url, self.final_url, self.status, self.headers, self.raw, self.millis = (
-            url, final_url, status, headers, raw, millis)
+            url,
+            final_url,
+            status,
+            headers,
+            raw,
+            millis,
+        )
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k.lower() == name.lower()), None)
@@ -156,10 +189,14 @@ def extract_product(html: str, url: str) -> dict[str, Any]:
                 offers = offers[0] if offers else {}
             brand = one.get("brand")
             return {
-                "name": one.get("name"), "sku": one.get("sku"), "description": one.get("description"),
+                "name": one.get("name"),
+                "sku": one.get("sku"),
+                "description": one.get("description"),
                 "brand": brand.get("name") if isinstance(brand, dict) else brand,
-                "price": offers.get("price") or offers.get("lowPrice"), "currency": offers.get("priceCurrency"),
-                "availability": offers.get("availability"), "url": one.get("url") or url,
+                "price": offers.get("price") or offers.get("lowPrice"),
+                "currency": offers.get("priceCurrency"),
+                "availability": offers.get("availability"),
+                "url": one.get("url") or url,
             }
     page = Selector(text=html)
 
@@ -170,9 +207,17 @@ def extract_product(html: str, url: str) -> dict[str, Any]:
     if len(page.css("[itemprop=price], .price")) != 1:  # a listing, or no product at all
         return {}
     name = field("name") or " ".join(page.css("h1 ::text").getall()).strip() or None
-    found = {"name": name, "sku": field("sku"), "description": field("description") or field("desc"),
-             "brand": field("brand"), "price": field("price"), "currency": None,
-             "availability": field("availability"), "release_date": field("released"), "url": url}
+    found = {
+        "name": name,
+        "sku": field("sku"),
+        "description": field("description") or field("desc"),
+        "brand": field("brand"),
+        "price": field("price"),
+        "currency": None,
+        "availability": field("availability"),
+        "release_date": field("released"),
+        "url": url,
+    }
     return found if found["name"] else {}
 
 
@@ -196,10 +241,11 @@ class StandIn:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> "StandIn":
+    def start(self) -> StandIn:
         self._httpd = _Server((self.host, self._requested_port), self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="scraping-api-standin", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="scraping-api-standin", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -209,7 +255,7 @@ class StandIn:
             self._httpd.server_close()
             self._httpd = None
 
-    def __enter__(self) -> "StandIn":
+    def __enter__(self) -> StandIn:
         return self if self._httpd is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -236,8 +282,7 @@ class StandIn:
 
     def reset(self) -> None:
         with self._lock:
-            self._config = {"async_jobs": False, "job_ready_polls": 1, "job_ttl": 3600.0, "delay_ms": 0,
-                            "block": []}
+            self._config = {"async_jobs": False, "job_ready_polls": 1, "job_ttl": 3600.0, "delay_ms": 0, "block": []}
             self._rules: list[dict[str, Any]] = []
             self._expire_left = 0
             self._fail_left = 0
@@ -280,8 +325,11 @@ class StandIn:
         with self._lock:
             self._scrapes += 1
             self._counts[f"call:{provider}"] += 1
-            matching = [rule for rule in self._rules
-                        if rule.get("provider") in (None, provider) and str(rule.get("match") or "") in target]
+            matching = [
+                rule
+                for rule in self._rules
+                if rule.get("provider") in (None, provider) and str(rule.get("match") or "") in target
+            ]
             for rule in matching:
                 rule["seen"] += 1
             for rule in matching:
@@ -296,8 +344,9 @@ class StandIn:
 
     # -- fetching the target ---------------------------------------------------------------
 
-    def _fetch(self, target: str, method: str = "GET", headers: dict[str, str] | None = None,
-               body: bytes | None = None) -> Fetched:
+    def _fetch(
+        self, target: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None
+    ) -> Fetched:
         parts = urlsplit(target)
         host = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         sent = {"User-Agent": "scraping-api-standin/2.0", STANDIN_HEADER: "1"}
@@ -315,7 +364,12 @@ class StandIn:
                 time.sleep(delay)
             try:
                 with _opener.open(request, timeout=30) as response:
-                    status, final_url, raw_headers, raw = response.status, response.url, response.headers, response.read()
+                    status, final_url, raw_headers, raw = (
+                        response.status,
+                        response.url,
+                        response.headers,
+                        response.read(),
+                    )
             except urllib.error.HTTPError as exc:
                 status, final_url, raw_headers, raw = exc.code, exc.url or target, exc.headers, exc.read()
             except (urllib.error.URLError, OSError) as exc:
@@ -354,8 +408,14 @@ class StandIn:
             if rule.get("status"):
                 headers = {"Retry-After": str(rule["retry_after"])} if rule.get("retry_after") is not None else {}
                 status = int(rule["status"])
-                return (*_alterlab_error(status, rule.get("error") or _ALTERLAB_CODES.get(status, f"HTTP_{status}"),
-                                         rule.get("message") or f"stand-in rule: {status}")[:2], headers)
+                return (
+                    *_alterlab_error(
+                        status,
+                        rule.get("error") or _ALTERLAB_CODES.get(status, f"HTTP_{status}"),
+                        rule.get("message") or f"stand-in rule: {status}",
+                    )[:2],
+                    headers,
+                )
         advanced = payload.get("advanced") or {}
         render_js = advanced.get("render_js") in (True, "true", "auto") or payload.get("mode") == "js"
         if self._blocked(target, render_js):
@@ -369,8 +429,14 @@ class StandIn:
                 self._expire_left -= 1 if expire and not job_rule else 0
                 fail = job_rule == "failed" or (not job_rule and not expire and self._fail_left > 0)
                 self._fail_left -= 1 if fail and not job_rule else 0
-                self._jobs[job_id] = {"created": time.monotonic(), "result": None, "error": None, "polls": 0,
-                                      "expire": expire, "fail": fail}
+                self._jobs[job_id] = {
+                    "created": time.monotonic(),
+                    "result": None,
+                    "error": None,
+                    "polls": 0,
+                    "expire": expire,
+                    "fail": fail,
+                }
             threading.Thread(target=self._run_job, args=(job_id, payload), daemon=True).start()
             return 202, {"job_id": job_id, "status": "pending"}, {}
         status, body = self._alterlab_result(payload)
@@ -437,8 +503,12 @@ class StandIn:
             headers["Content-Type"] = str(payload["content_type"])
         timeout = float(payload.get("timeout") or 30)
         started = time.monotonic()
-        fetched = self._fetch(payload["url"], str(payload.get("method") or "GET"), headers,
-                              body.encode("utf-8") if isinstance(body, str) else None)
+        fetched = self._fetch(
+            payload["url"],
+            str(payload.get("method") or "GET"),
+            headers,
+            body.encode("utf-8") if isinstance(body, str) else None,
+        )
         if time.monotonic() - started > timeout:
             return _alterlab_error(504, "TIMEOUT", f"The page took longer than {timeout:g} s (refunded)")[:2]
         text = fetched.text()
@@ -467,15 +537,19 @@ class StandIn:
             schema = payload.get("extraction_schema")
             if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
                 aliases = {"title": "name", "released_at": "release_date"}
-                extracted = {k: extracted.get(k, extracted.get(aliases.get(k, k))) for k in schema["properties"]} \
-                    if extracted else {}
+                extracted = (
+                    {k: extracted.get(k, extracted.get(aliases.get(k, k))) for k in schema["properties"]}
+                    if extracted
+                    else {}
+                )
             result["extraction_result"] = extracted
         return 200, result
 
     # -- ScrapingBee -------------------------------------------------------------------------
 
-    def scrapingbee(self, authorization: str | None, query: str, method: str, body: bytes | None,
-                    forwarded: dict[str, str]) -> tuple[int, bytes, list[tuple[str, str]]]:
+    def scrapingbee(
+        self, authorization: str | None, query: str, method: str, body: bytes | None, forwarded: dict[str, str]
+    ) -> tuple[int, bytes, list[tuple[str, str]]]:
         params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
         if "api_key" in params:
             self._count("key_in_url")
@@ -494,23 +568,39 @@ class StandIn:
             if rule.get("status"):
                 status = int(rule["status"])
                 message = rule.get("message") or (
-                    "Monthly API calls limit reached: 1000" if rule.get("error") == "no_credits" else f"stand-in rule: {status}")
+                    "Monthly API calls limit reached: 1000"
+                    if rule.get("error") == "no_credits"
+                    else f"stand-in rule: {status}"
+                )
                 status_, out, headers = _json_answer(status, {"message": message})
                 if rule.get("retry_after") is not None:
                     headers.append(("Retry-After", str(rule["retry_after"])))
                 return status_, out, headers
         render_js = params.get("render_js", "true") == "true"  # ScrapingBee renders by default
         premium = params.get("premium_proxy") == "true"
-        cost = SCRAPINGBEE_PRICE["premium_proxy_js" if premium and render_js else "premium_proxy" if premium
-                                 else "render_js" if render_js else "plain"]
+        cost = SCRAPINGBEE_PRICE[
+            "premium_proxy_js"
+            if premium and render_js
+            else "premium_proxy"
+            if premium
+            else "render_js"
+            if render_js
+            else "plain"
+        ]
         headers = {k[4:]: v for k, v in forwarded.items() if params.get("forward_headers") == "true"}
         fetched = self._fetch(target, method, headers, body)
         self._charge(cost)
         out = [("Content-Type", fetched.header("Content-Type") or "text/html")]
-        out += [(f"Spb-{k}", v) for k, v in fetched.headers if k.lower() not in ("content-length", "transfer-encoding",
-                                                                                 "connection")]
-        out += [("Spb-Cost", str(cost)), ("Spb-Resolved-Url", fetched.final_url),
-                ("Spb-Initial-Status-Code", str(fetched.status))]
+        out += [
+            (f"Spb-{k}", v)
+            for k, v in fetched.headers
+            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+        ]
+        out += [
+            ("Spb-Cost", str(cost)),
+            ("Spb-Resolved-Url", fetched.final_url),
+            ("Spb-Initial-Status-Code", str(fetched.status)),
+        ]
         status = fetched.status if params.get("transparent_status_code") == "true" else 200
         return status, fetched.raw, out
 
@@ -531,31 +621,44 @@ class StandIn:
         if parts.scheme not in ("http", "https") or (parts.hostname or "") not in LOOPBACK:
             return _zyte_error(400, "/request/invalid", "the stand-in only fetches http(s) loopback targets")
         browser = bool(payload.get("browserHtml"))
-        if browser and (payload.get("httpRequestMethod") or payload.get("httpRequestBody")
-                        or payload.get("customHttpRequestHeaders")):
-            return _zyte_error(400, "/request/unprocessable",
-                               "browserHtml requests accept no httpRequestMethod, httpRequestBody or "
-                               "customHttpRequestHeaders")
+        if browser and (
+            payload.get("httpRequestMethod")
+            or payload.get("httpRequestBody")
+            or payload.get("customHttpRequestHeaders")
+        ):
+            return _zyte_error(
+                400,
+                "/request/unprocessable",
+                "browserHtml requests accept no httpRequestMethod, httpRequestBody or customHttpRequestHeaders",
+            )
         rule = self._take_rule("zyte", target)
         if rule is not None:
             if rule.get("delay_ms"):
                 time.sleep(float(rule["delay_ms"]) / 1000)
             if rule.get("status"):
                 status = int(rule["status"])
-                kind = {429: "/limits/over-user-limit", 503: "/limits/over-global-limit",
-                        520: "/download/temporary-error", 521: "/download/permanent-error"}.get(status, "/error")
+                kind = {
+                    429: "/limits/over-user-limit",
+                    503: "/limits/over-global-limit",
+                    520: "/download/temporary-error",
+                    521: "/download/permanent-error",
+                }.get(status, "/error")
                 status_, out, headers = _zyte_error(status, kind, rule.get("message") or f"stand-in rule: {status}")
                 if rule.get("retry_after") is not None:
                     headers.append(("Retry-After", str(rule["retry_after"])))
                 return status_, out, headers
-        headers = {str(h["name"]): str(h["value"]) for h in payload.get("customHttpRequestHeaders") or []
-                   if isinstance(h, dict)}
+        headers = {
+            str(h["name"]): str(h["value"])
+            for h in payload.get("customHttpRequestHeaders") or []
+            if isinstance(h, dict)
+        }
         headers.update({str(k).title(): str(v) for k, v in (payload.get("requestHeaders") or {}).items()})
         if payload.get("geolocation"):
             headers[COUNTRY_HEADER] = str(payload["geolocation"])
         body = payload.get("httpRequestBody")
-        fetched = self._fetch(target, str(payload.get("httpRequestMethod") or "GET"), headers,
-                              base64.b64decode(body) if body else None)
+        fetched = self._fetch(
+            target, str(payload.get("httpRequestMethod") or "GET"), headers, base64.b64decode(body) if body else None
+        )
         self._charge(1)
         answer: dict[str, Any] = {"url": fetched.final_url, "statusCode": fetched.status}
         if payload.get("httpResponseHeaders"):
@@ -567,10 +670,19 @@ class StandIn:
         return _json_answer(200, answer)
 
 
-_ALTERLAB_CODES = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 402: "INSUFFICIENT_CREDITS",
-                   403: "BLOCKED_BY_ANTIBOT", 404: "NOT_FOUND", 422: "ALL_TIERS_FAILED",
-                   429: "RATE_LIMITED", 500: "INTERNAL_ERROR", 502: "BAD_GATEWAY", 503: "SERVICE_UNAVAILABLE",
-                   504: "GATEWAY_TIMEOUT"}
+_ALTERLAB_CODES = {
+    400: "INVALID_REQUEST",
+    401: "UNAUTHORIZED",
+    402: "INSUFFICIENT_CREDITS",
+    403: "BLOCKED_BY_ANTIBOT",
+    404: "NOT_FOUND",
+    422: "ALL_TIERS_FAILED",
+    429: "RATE_LIMITED",
+    500: "INTERNAL_ERROR",
+    502: "BAD_GATEWAY",
+    503: "SERVICE_UNAVAILABLE",
+    504: "GATEWAY_TIMEOUT",
+}
 
 
 def _alterlab_error(status: int, code: str, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -582,8 +694,11 @@ def _json_answer(status: int, payload: Any) -> tuple[int, bytes, list[tuple[str,
 
 
 def _zyte_error(status: int, kind: str, title: str) -> tuple[int, bytes, list[tuple[str, str]]]:
-    return status, json.dumps({"type": kind, "title": title, "status": status, "detail": title}).encode(), [
-        ("Content-Type", "application/problem+json")]
+    return (
+        status,
+        json.dumps({"type": kind, "title": title, "status": status, "detail": title}).encode(),
+        [("Content-Type", "application/problem+json")],
+    )
 
 
 class _Server(ThreadingHTTPServer):
@@ -616,8 +731,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        self._send_raw(status, json.dumps(payload).encode("utf-8"),
-                       [("Content-Type", "application/json"), *(headers or {}).items()])
+        self._send_raw(
+            status,
+            json.dumps(payload).encode("utf-8"),
+            [("Content-Type", "application/json"), *(headers or {}).items()],
+        )
 
     def _raw_body(self) -> bytes | None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -643,8 +761,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif parts.path == "/v1/extract":
             self._send_raw(*api.zyte_extract(self.headers.get("Authorization"), self._payload()))
         elif parts.path == "/api/v1/":
-            self._send_raw(*api.scrapingbee(self.headers.get("Authorization"), parts.query, "POST",
-                                            self._raw_body(), self._forwarded()))
+            self._send_raw(
+                *api.scrapingbee(
+                    self.headers.get("Authorization"), parts.query, "POST", self._raw_body(), self._forwarded()
+                )
+            )
         elif parts.path == "/_admin/config":
             payload = self._payload()
             if not isinstance(payload, dict):
@@ -664,8 +785,9 @@ class _Handler(BaseHTTPRequestHandler):
         if parts.path.startswith("/api/v1/jobs/"):
             self._send(*api.alterlab_job(self.headers.get("X-API-Key"), parts.path.rsplit("/", 1)[-1]))
         elif parts.path == "/api/v1/":
-            self._send_raw(*api.scrapingbee(self.headers.get("Authorization"), parts.query, "GET", None,
-                                            self._forwarded()))
+            self._send_raw(
+                *api.scrapingbee(self.headers.get("Authorization"), parts.query, "GET", None, self._forwarded())
+            )
         elif parts.path == "/_admin/stats":
             self._send(200, api.stats())
         else:
@@ -689,8 +811,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expire-jobs", type=int, default=0, help="the first poll of N jobs answers 404")
     parser.add_argument("--fail-jobs", type=int, default=0, help="N jobs end failed")
     parser.add_argument("--job-ttl", type=float, default=3600.0)
-    parser.add_argument("--fail", action="append", default=[], metavar="STATUS[xCOUNT][@AFTER]",
-                        help="answer STATUS to COUNT scrape requests (0: all) after AFTER of them")
+    parser.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="STATUS[xCOUNT][@AFTER]",
+        help="answer STATUS to COUNT scrape requests (0: all) after AFTER of them",
+    )
     parser.add_argument("--retry-after", type=float, default=None, help="Retry-After sent with --fail answers")
     args = parser.parse_args(argv)
     # The key comes from the environment only (a command line is visible to every user in ps);
@@ -702,9 +829,18 @@ def main(argv: list[str] | None = None) -> int:
     for rule in rules:
         if args.retry_after is not None:
             rule["retry_after"] = args.retry_after
-    api = StandIn(key, host=args.host, port=args.port, delay_ms=args.delay_ms, async_jobs=args.async_jobs,
-                  job_ready_polls=args.job_ready_polls, expire_jobs=args.expire_jobs, fail_jobs=args.fail_jobs,
-                  job_ttl=args.job_ttl, rules=rules)
+    api = StandIn(
+        key,
+        host=args.host,
+        port=args.port,
+        delay_ms=args.delay_ms,
+        async_jobs=args.async_jobs,
+        job_ready_polls=args.job_ready_polls,
+        expire_jobs=args.expire_jobs,
+        fail_jobs=args.fail_jobs,
+        job_ttl=args.job_ttl,
+        rules=rules,
+    )
     api.start()
     print(f"scraping-API stand-in listening on {api.url}", flush=True)
     try:

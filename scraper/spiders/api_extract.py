@@ -11,7 +11,8 @@ extraction is billed like any call.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import scrapy
@@ -23,23 +24,34 @@ from ..items import ProductItem
 from ..scraping_api.extraction import extraction_of, extraction_schema, items_from_extraction
 from .base import CatalogSpider
 
-PROFILES = ("product", "auto", "article", "job_posting", "faq", "recipe", "event", "ecommerce_homepage",
-            "directory_listing")
+PROFILES = (
+    "product",
+    "auto",
+    "article",
+    "job_posting",
+    "faq",
+    "recipe",
+    "event",
+    "ecommerce_homepage",
+    "directory_listing",
+)
 
 
 class ApiExtractSpider(CatalogSpider):
     name = "api_extract"
     custom_settings = {"DEPTH_LIMIT": 5}
 
-    def __init__(self, url: str | None = None, profile: str | None = None, max_pages: str | int = 1000,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, url: str | None = None, profile: str | None = None, max_pages: str | int = 1000, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         if profile and profile not in PROFILES:
             raise ValueError(f"api_extract: -a profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         self.start_urls = [url] if url else []
         self.max_pages = int(max_pages)
-        self.scraping_api = ({"extraction_profile": profile} if profile
-                             else {"extraction_schema": extraction_schema(ProductItem)})
+        self.scraping_api = (
+            {"extraction_profile": profile} if profile else {"extraction_schema": extraction_schema(ProductItem)}
+        )
         self.links = LinkExtractor()
         self._pages = 0
 
@@ -47,11 +59,13 @@ class ApiExtractSpider(CatalogSpider):
     def check_settings(cls, settings: Any) -> None:
         """Called by ``scrapy crawl`` before anything starts: a missing key is one line."""
         if not settings.get("SCRAPING_API_KEY") or (settings.get("SCRAPING_API_PROVIDER") or "alterlab") != "alterlab":
-            raise ConfigError("SCRAPING_API_KEY: api_extract has the scraping API extract the data: set "
-                              "SCRAPING_API_KEY (with SCRAPING_API_PROVIDER=alterlab, the provider that extracts)")
+            raise ConfigError(
+                "SCRAPING_API_KEY: api_extract has the scraping API extract the data: set "
+                "SCRAPING_API_KEY (with SCRAPING_API_PROVIDER=alterlab, the provider that extracts)"
+            )
 
     @classmethod
-    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> "ApiExtractSpider":
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ApiExtractSpider:
         cls.check_settings(crawler.settings)  # scrapyd and scripts start spiders without our command
         return super().from_crawler(crawler, *args, **kwargs)
 

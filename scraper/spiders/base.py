@@ -8,7 +8,8 @@ cleaning, validation, storage) happens outside the spider.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import scrapy
 from scrapy.http import Response, TextResponse

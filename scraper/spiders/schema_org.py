@@ -12,7 +12,8 @@ follows links that stay on the host of the page they were found on.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import extruct

@@ -19,8 +19,9 @@ the values as the upsert takes them (the text their content hash is computed fro
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from psycopg2 import sql
 from psycopg2.extras import execute_values
@@ -56,24 +57,32 @@ def item_record(spider: str, run_id: int, item: StoredItem, reasons: list[str]) 
     values = item._values
     columns = {c: values.get(c) for c in item.columns()}
     return {
-        "held": "item", "spider": spider, "run_id": run_id, "item_table": item.table,
-        "item_type": type(item).__name__, "key": [values.get(k) for k in item.key],
+        "held": "item",
+        "spider": spider,
+        "run_id": run_id,
+        "item_table": item.table,
+        "item_type": type(item).__name__,
+        "key": [values.get(k) for k in item.key],
         "url": values.get("url") if isinstance(values.get("url"), str) else getattr(item, "_origin", None),
-        "reasons": "; ".join(reasons), "item": canonical_json(columns),
+        "reasons": "; ".join(reasons),
+        "item": canonical_json(columns),
     }
 
 
 def write(cur: Any, records: list[dict[str, Any]]) -> None:
     """Insert held records inside the writer's transaction; a later hold of the same key wins."""
-    unique = {(r["spider"], r["run_id"], r["item_table"], json.dumps(r["key"], default=str), r["held"]): r
-              for r in records}
+    unique = {
+        (r["spider"], r["run_id"], r["item_table"], json.dumps(r["key"], default=str), r["held"]): r for r in records
+    }
     execute_values(
         cur,
         "INSERT INTO held_changes (spider, run_id, item_table, key, kind, item_type, url, reasons, item) VALUES %s "
         "ON CONFLICT (spider, run_id, item_table, key, kind) DO UPDATE SET item = EXCLUDED.item, "
         "reasons = EXCLUDED.reasons, url = EXCLUDED.url, held_at = now()",
-        [(spider, run_id, table, key, kind, r["item_type"], r.get("url"), r["reasons"], r.get("item"))
-         for (spider, run_id, table, key, kind), r in sorted(unique.items(), key=lambda kv: kv[0])],
+        [
+            (spider, run_id, table, key, kind, r["item_type"], r.get("url"), r["reasons"], r.get("item"))
+            for (spider, run_id, table, key, kind), r in sorted(unique.items(), key=lambda kv: kv[0])
+        ],
     )
 
 
@@ -91,8 +100,17 @@ def hold_gone(cur: Any, spider: str, run_id: int, item_type: type[StoredItem], k
         "SELECT 1 FROM held_changes h WHERE h.spider = v.spider AND h.run_id = v.run_id "
         "AND h.item_table = v.item_table AND h.key = v.key::jsonb AND h.kind = 'item') "
         "ON CONFLICT DO NOTHING",
-        [(spider, run_id, item_type.table, json.dumps(list(k), default=str), item_type.__name__,
-          "not seen in a run whose quality broke") for k in keys],
+        [
+            (
+                spider,
+                run_id,
+                item_type.table,
+                json.dumps(list(k), default=str),
+                item_type.__name__,
+                "not seen in a run whose quality broke",
+            )
+            for k in keys
+        ],
         page_size=len(keys),  # one statement, so that rowcount is the whole count
     )
     return cur.rowcount
@@ -111,16 +129,20 @@ def summary(conn: Any, spider: str, run_id: int) -> dict[str, int]:
     """Kind -> how many changes run *run_id* holds."""
     with conn, conn.cursor() as cur:
         ensure(cur)
-        cur.execute("SELECT kind, count(*) FROM held_changes WHERE spider = %s AND run_id = %s GROUP BY kind",
-                    (spider, run_id))
+        cur.execute(
+            "SELECT kind, count(*) FROM held_changes WHERE spider = %s AND run_id = %s GROUP BY kind", (spider, run_id)
+        )
         return dict(cur.fetchall())
 
 
 def listed(conn: Any, spider: str, run_id: int, limit: int = 20) -> list[Held]:
     with conn, conn.cursor() as cur:
         ensure(cur)
-        cur.execute("SELECT kind, item_table, key, url, reasons FROM held_changes WHERE spider = %s AND run_id = %s "
-                    "ORDER BY kind DESC, item_table, key LIMIT %s", (spider, run_id, limit))
+        cur.execute(
+            "SELECT kind, item_table, key, url, reasons FROM held_changes WHERE spider = %s AND run_id = %s "
+            "ORDER BY kind DESC, item_table, key LIMIT %s",
+            (spider, run_id, limit),
+        )
         return [Held(*row) for row in cur.fetchall()]
 
 
@@ -140,10 +162,15 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
         for item_type in item_types:
             table = sql.Identifier(item_type.table)
             newer = sql.SQL("EXISTS (SELECT 1 FROM {} t WHERE {} AND t.last_seen > h.held_at)").format(
-                table, history.key_match(item_type, "t", "h.key"))
-            cur.execute(sql.SQL(
-                "SELECT h.kind, h.key, h.item, {} FROM held_changes h WHERE h.spider = %s AND h.run_id = %s "
-                "AND h.item_table = %s").format(newer), (spider, run_id, item_type.table))
+                table, history.key_match(item_type, "t", "h.key")
+            )
+            cur.execute(
+                sql.SQL(
+                    "SELECT h.kind, h.key, h.item, {} FROM held_changes h WHERE h.spider = %s AND h.run_id = %s "
+                    "AND h.item_table = %s"
+                ).format(newer),
+                (spider, run_id, item_type.table),
+            )
             found = cur.fetchall()
             # A held item's row was seen by the run, though it was not written: never gone.
             seen = {json.dumps(key, default=str) for kind, key, _, _ in found if kind == "item"}
@@ -163,8 +190,9 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
                     history.record(cur, item_type.table, result.changes, context)
                 done.upserted += len(result.inserted) + len(result.updated)
             if gone:
-                cur.execute(sql.SQL(
-                    """
+                cur.execute(
+                    sql.SQL(
+                        """
                     WITH g AS (
                         UPDATE {table} t SET gone_at = now()
                         FROM jsonb_array_elements(%(keys)s::jsonb) AS k(key)
@@ -173,9 +201,10 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
                     )
                     INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)
                     SELECT %(name)s, g.key, 'gone', 'apply', %(spider)s, %(run)s FROM g
-                    """).format(table=table, match=history.key_match(item_type, "t", "k.key")),
-                    {"keys": json.dumps(gone, default=str), "spider": spider, "name": item_type.table,
-                     "run": run_id})
+                    """
+                    ).format(table=table, match=history.key_match(item_type, "t", "k.key")),
+                    {"keys": json.dumps(gone, default=str), "spider": spider, "name": item_type.table, "run": run_id},
+                )
                 done.gone += cur.rowcount
             done.upserted += _reblank(cur, spider, run_id, item_type)
         cur.execute("DELETE FROM held_changes WHERE spider = %s AND run_id = %s", (spider, run_id))
@@ -189,8 +218,9 @@ def _reblank(cur: Any, spider: str, run_id: int, item_type: type[StoredItem]) ->
     for field in item_type.columns():
         if field in item_type.key:
             continue
-        cur.execute(sql.SQL(
-            """
+        cur.execute(
+            sql.SQL(
+                """
             WITH g AS (
                 SELECT DISTINCT ON (c.key) c.key, c.changes->%(f)s->1 AS restored
                 FROM item_changes c
@@ -206,9 +236,14 @@ def _reblank(cur: Any, spider: str, run_id: int, item_type: type[StoredItem]) ->
             SELECT %(table)s, u.key, 'update', 'apply', %(spider)s, %(run)s,
                 jsonb_build_object(%(f)s, jsonb_build_array(u.restored, NULL))
             FROM u
-            """).format(table=sql.Identifier(item_type.table), field=sql.Identifier(field),
-                        match=history.key_match(item_type, "t", "g.key")),
-            {"f": field, "table": item_type.table, "spider": spider, "run": run_id})
+            """
+            ).format(
+                table=sql.Identifier(item_type.table),
+                field=sql.Identifier(field),
+                match=history.key_match(item_type, "t", "g.key"),
+            ),
+            {"f": field, "table": item_type.table, "spider": spider, "run": run_id},
+        )
         total += cur.rowcount
     return total
 

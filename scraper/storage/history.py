@@ -13,8 +13,9 @@ re-crawl of unchanged pages costs no history and (nearly) no WAL.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from psycopg2 import sql
 
@@ -74,8 +75,13 @@ def record(cur: Any, table: str, changes: list[Change], context: Context) -> Non
         "SELECT %s, r.key, r.kind, %s, %s, %s, r.changes "
         "FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS (key jsonb, kind text, changes jsonb)) "
         "WITH ORDINALITY AS r(key, kind, changes, n) ORDER BY r.n",
-        (table, context.reason, context.spider, context.run_id,
-         json.dumps([{"key": c.key, "kind": c.kind, "changes": c.changes} for c in changes], default=str)),
+        (
+            table,
+            context.reason,
+            context.spider,
+            context.run_id,
+            json.dumps([{"key": c.key, "kind": c.kind, "changes": c.changes} for c in changes], default=str),
+        ),
     )
 
 
@@ -84,6 +90,12 @@ def key_match(item_type: type[StoredItem], table_alias: str, key_json: str) -> s
     kept as a JSON array (as ``item_changes`` and ``held_changes`` keep it)."""
     columns = item_type.columns()
     return sql.SQL(" AND ").join(
-        sql.SQL("{}.{} = ({}->>{})::{}").format(sql.Identifier(table_alias), sql.Identifier(k), sql.SQL(key_json),
-                                               sql.Literal(i), sql.SQL(columns[k].split()[0]))
-        for i, k in enumerate(item_type.key))
+        sql.SQL("{}.{} = ({}->>{})::{}").format(
+            sql.Identifier(table_alias),
+            sql.Identifier(k),
+            sql.SQL(key_json),
+            sql.Literal(i),
+            sql.SQL(columns[k].split()[0]),
+        )
+        for i, k in enumerate(item_type.key)
+    )

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from psycopg2 import sql
 
@@ -42,24 +43,36 @@ class Reverted:
     superseded: int = 0
 
     def __str__(self) -> str:
-        return (f"{self.values} value(s) set back, {self.deleted} inserted row(s) deleted, {self.revived} gone "
-                f"row(s) live again, {self.regone} returned row(s) gone again, {self.superseded} change(s) left "
-                "as a later run wrote them")
+        return (
+            f"{self.values} value(s) set back, {self.deleted} inserted row(s) deleted, {self.revived} gone "
+            f"row(s) live again, {self.regone} returned row(s) gone again, {self.superseded} change(s) left "
+            "as a later run wrote them"
+        )
 
 
-def revert_run(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]],
-               progress: Callable[[int, int], None] | None = None) -> Reverted:
+def revert_run(
+    conn: Any,
+    spider: str,
+    run_id: int,
+    item_types: Iterable[type[StoredItem]],
+    progress: Callable[[int, int], None] | None = None,
+) -> Reverted:
     """Undo run *run_id* of *spider* in one transaction; raises AlreadyReverted."""
     done = Reverted()
     with conn, conn.cursor() as cur:
         history.ensure(cur)
-        cur.execute("SELECT 1 FROM item_changes WHERE spider = %s AND run_id = %s AND reason = 'revert' LIMIT 1",
-                    (spider, run_id))
+        cur.execute(
+            "SELECT 1 FROM item_changes WHERE spider = %s AND run_id = %s AND reason = 'revert' LIMIT 1",
+            (spider, run_id),
+        )
         if cur.fetchone():
             raise AlreadyReverted(f"run {run_id} of {spider} was reverted already")
         for item_type in item_types:
-            cur.execute("SELECT id, key, kind, changes FROM item_changes WHERE item_table = %s AND spider = %s "
-                        "AND run_id = %s ORDER BY id DESC", (item_type.table, spider, run_id))
+            cur.execute(
+                "SELECT id, key, kind, changes FROM item_changes WHERE item_table = %s AND spider = %s "
+                "AND run_id = %s ORDER BY id DESC",
+                (item_type.table, spider, run_id),
+            )
             by_key: dict[str, list[tuple[int, list[Any], str, dict[str, Any]]]] = {}
             for entry_id, key, kind, changes in cur.fetchall():
                 by_key.setdefault(json.dumps(key), []).append((entry_id, key, kind, changes))
@@ -75,8 +88,13 @@ def revert_run(conn: Any, spider: str, run_id: int, item_types: Iterable[type[St
     return done
 
 
-def _revert_key(cur: Any, item_type: type[StoredItem], run_id: int, entries: list[tuple[int, list[Any], str, dict[str, Any]]],
-                done: Reverted) -> history.Change | None:
+def _revert_key(
+    cur: Any,
+    item_type: type[StoredItem],
+    run_id: int,
+    entries: list[tuple[int, list[Any], str, dict[str, Any]]],
+    done: Reverted,
+) -> history.Change | None:
     """Undo one row's entries (newest first); the history entry of the undo, if any."""
     table, match = sql.Identifier(item_type.table), history.key_match(item_type, "t", "%(key)s::jsonb")
     key = entries[0][1]
@@ -88,8 +106,11 @@ def _revert_key(cur: Any, item_type: type[StoredItem], run_id: int, entries: lis
         return None
     row = found[0]
     # Anything a later run wrote for this row makes an insert's deletion wrong.
-    cur.execute("SELECT 1 FROM item_changes WHERE item_table = %s AND key = %s::jsonb AND id > %s "
-                "AND run_id IS DISTINCT FROM %s LIMIT 1", (item_type.table, params["key"], entries[0][0], run_id))
+    cur.execute(
+        "SELECT 1 FROM item_changes WHERE item_table = %s AND key = %s::jsonb AND id > %s "
+        "AND run_id IS DISTINCT FROM %s LIMIT 1",
+        (item_type.table, params["key"], entries[0][0], run_id),
+    )
     later = cur.fetchone() is not None
     values: dict[str, Any] = {}
     changed: dict[str, list[Any]] = {}
@@ -117,11 +138,13 @@ def _revert_key(cur: Any, item_type: type[StoredItem], run_id: int, entries: lis
             changed[field] = [row.get(field), old]
     if values:
         columns = sql.SQL(", ").join(map(sql.Identifier, values))
-        cur.execute(sql.SQL(
-            "UPDATE {table} t SET ({cols}) = (SELECT {cols} FROM jsonb_populate_record(NULL::{table}, "
-            "%(values)s::jsonb)), content_hash = %(unhashed)s WHERE {match}").format(
-            table=table, cols=columns, match=match),
-            {**params, "values": json.dumps(values, default=str), "unhashed": UNHASHED})
+        cur.execute(
+            sql.SQL(
+                "UPDATE {table} t SET ({cols}) = (SELECT {cols} FROM jsonb_populate_record(NULL::{table}, "
+                "%(values)s::jsonb)), content_hash = %(unhashed)s WHERE {match}"
+            ).format(table=table, cols=columns, match=match),
+            {**params, "values": json.dumps(values, default=str), "unhashed": UNHASHED},
+        )
         done.values += len(values)
     kind = "update"
     if gone == "live" and row.get("gone_at") is not None:

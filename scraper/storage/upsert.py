@@ -124,7 +124,8 @@ def _column_value(column: str, json_type: str | None) -> sql.Composable:
     if json_type not in ("json", "jsonb"):
         return sql.SQL("s.{}").format(sql.Identifier(column))
     return sql.SQL("CASE WHEN {kind}(s.{c}) = 'string' THEN (s.{c} #>> '{{}}')::{t} ELSE s.{c} END").format(
-        kind=sql.SQL(f"{json_type}_typeof"), c=sql.Identifier(column), t=sql.SQL(json_type))
+        kind=sql.SQL(f"{json_type}_typeof"), c=sql.Identifier(column), t=sql.SQL(json_type)
+    )
 
 
 # Numbers the prepared statements of this process (see TableUpserter._prepare).
@@ -168,14 +169,10 @@ class TableUpserter:
         ident = sql.Identifier
         cols_sql = sql.SQL(", ").join(map(ident, all_cols))
         key_sql = sql.SQL(", ").join(map(ident, key))
-        key_match = sql.SQL(" AND ").join(
-            sql.SQL("t2.{k} = s.{k}").format(k=ident(k)) for k in key
-        )
+        key_match = sql.SQL(" AND ").join(sql.SQL("t2.{k} = s.{k}").format(k=ident(k)) for k in key)
         s_key = sql.SQL(", ").join(sql.SQL("s.{}").format(ident(k)) for k in key)
         fresh = sql.SQL("now() - make_interval(secs => {})").format(sql.Literal(float(last_seen_resolution)))
-        updates = sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in all_cols if c not in key
-        )
+        updates = sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in all_cols if c not in key)
         # The batch, unpacked from its JSON parameter ({rows}) into the table's own row type.
         self.rows = sql.SQL("json_populate_recordset(NULL::{table}, {{rows}})").format(table=ident(table))
         # The rows about to change, read and locked (in key order, like the merge) before the
@@ -213,12 +210,22 @@ class TableUpserter:
                 OR t.gone_at IS NOT NULL
             """
         ).format(
-            table=ident(table), rows=self.rows, cols=cols_sql, key=key_sql,
+            table=ident(table),
+            rows=self.rows,
+            cols=cols_sql,
+            key=key_sql,
             s_cols=sql.SQL(", ").join(_column_value(c, (json_columns or {}).get(c)) for c in all_cols),
-            s_key=s_key, key_match=key_match, fresh=fresh, updates=updates,
+            s_key=s_key,
+            key_match=key_match,
+            fresh=fresh,
+            updates=updates,
         )
-        self.merge = sql.SQL("{core} RETURNING {key}, (xmax = 0) AS inserted, (updated_at = now()) AS changed{new}").format(
-            core=merge_core, key=key_sql, new=sql.SQL(", to_jsonb(t)") if track else sql.SQL(""),
+        self.merge = sql.SQL(
+            "{core} RETURNING {key}, (xmax = 0) AS inserted, (updated_at = now()) AS changed{new}"
+        ).format(
+            core=merge_core,
+            key=key_sql,
+            new=sql.SQL(", to_jsonb(t)") if track else sql.SQL(""),
         )
         # The same merge writing the history entry of each insert in the statement: an insert's
         # entry is every column with a value, which the row itself holds, so Postgres builds it
@@ -242,9 +249,14 @@ class TableUpserter:
             """
         )
         self.merge_history = self.merge_history.format(
-            core=merge_core, key=key_sql, m_key=m_key, table_name=sql.Literal(table),
+            core=merge_core,
+            key=key_sql,
+            m_key=m_key,
+            table_name=sql.Literal(table),
             columns=sql.SQL("ARRAY[{}]::text[]").format(sql.SQL(", ").join(map(sql.Literal, columns))),
-            reason=sql.SQL("{reason}"), spider=sql.SQL("{spider}"), run_id=sql.SQL("{run_id}"),
+            reason=sql.SQL("{reason}"),
+            spider=sql.SQL("{spider}"),
+            run_id=sql.SQL("{run_id}"),
         )
         # The spider's name travels in each row's JSON (a column like the others).
         self._extra = "" if spider is None else f'"spider": {json.dumps(spider, ensure_ascii=False)}, '
@@ -252,14 +264,22 @@ class TableUpserter:
     def rows_json(self, rows: list[Row]) -> str:
         """The batch as the JSON array the statements take ({rows})."""
         extra = self._extra
-        return "[" + ", ".join(row_json(row, f'{extra}"content_hash": {json.dumps(row.content_hash)}') for row in rows) + "]"
+        return (
+            "["
+            + ", ".join(row_json(row, f'{extra}"content_hash": {json.dumps(row.content_hash)}') for row in rows)
+            + "]"
+        )
 
     def keys_json(self, rows: list[Row]) -> str:
         """The batch's keys and content hashes alone, as the JSON array lock_old takes ({rows}):
         Postgres parses and converts every field it is sent, and lock_old reads no other."""
         return json.dumps(
-            [{**{k: _storable(v) for k, v in zip(self.key, row.key)}, "content_hash": row.content_hash} for row in rows],
-            default=str, ensure_ascii=False,
+            [
+                {**{k: _storable(v) for k, v in zip(self.key, row.key)}, "content_hash": row.content_hash}
+                for row in rows
+            ],
+            default=str,
+            ensure_ascii=False,
         )
 
     # The parameters of each statement, in the order they appear in its text.
@@ -290,9 +310,13 @@ class TableUpserter:
         # Short: a name built from the table's could pass Postgres' 63 bytes and clash when cut.
         self._names = {name: f"_upsert_{next(_PREPARED)}_{name}" for name in names}
         if self._use_prepared:
-            cur.execute("; ".join(
-                f"PREPARE {self._names[name]} ({', '.join(self._TYPES[p] for p in self._PARAMS[name])}) "
-                f"AS {self.statement(cur, name, prepared=True)}" for name in names))
+            cur.execute(
+                "; ".join(
+                    f"PREPARE {self._names[name]} ({', '.join(self._TYPES[p] for p in self._PARAMS[name])}) "
+                    f"AS {self.statement(cur, name, prepared=True)}"
+                    for name in names
+                )
+            )
         self._prepared_on = cur.connection
 
     def _run(self, cur: Any, name: str, params: tuple[Any, ...]) -> None:
@@ -305,9 +329,12 @@ class TableUpserter:
             # The writer takes this for a lost connection: it reconnects and writes the batch
             # again, then without prepared statements.
             self._use_prepared = False
-            logger.warning("Prepared statements do not last between transactions on this database "
-                           "connection (a pooler in transaction mode?): the upsert of %s is planned "
-                           "for every batch from now on", self.table)
+            logger.warning(
+                "Prepared statements do not last between transactions on this database "
+                "connection (a pooler in transaction mode?): the upsert of %s is planned "
+                "for every batch from now on",
+                self.table,
+            )
             raise
 
     def write(self, cur: Any, rows: list[Row], context: Context | None = None) -> BatchResult:
@@ -341,12 +368,15 @@ class TableUpserter:
                 self._note_change(result, key, inserted, old.get(key), record[width + 2])
         return result
 
-    def _note_change(self, result: BatchResult, key: tuple[Any, ...], inserted: bool,
-                     old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    def _note_change(
+        self, result: BatchResult, key: tuple[Any, ...], inserted: bool, old: dict[str, Any] | None, new: dict[str, Any]
+    ) -> None:
         if inserted:
             values = {c: [None, new.get(c)] for c in self.columns if new.get(c) is not None}
             result.changes.append(Change(list(key), "insert", values))
         elif old is not None:
             changed = diff(old, new, self.columns)
             if changed or old.get("gone_at") is not None:
-                result.changes.append(Change(list(key), "back" if old.get("gone_at") is not None else "update", changed))
+                result.changes.append(
+                    Change(list(key), "back" if old.get("gone_at") is not None else "update", changed)
+                )

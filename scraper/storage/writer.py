@@ -27,8 +27,9 @@ import random
 import socket
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import psycopg2
 import psycopg2.errors
@@ -201,8 +202,12 @@ class PostgresWriter:
         spider = self.history_context().spider if self.history_context is not None else None
         columns = item_type.columns()
         self._upserters[item_type.table] = TableUpserter(
-            item_type.table, list(columns), item_type.key, self.last_seen_resolution,
-            spider=spider, track=self.history_context is not None,
+            item_type.table,
+            list(columns),
+            item_type.key,
+            self.last_seen_resolution,
+            spider=spider,
+            track=self.history_context is not None,
             sql_history=all(_json_stable(columns[k]) for k in item_type.key),
             json_columns={c: _base_type(t) for c, t in columns.items() if _base_type(t) in ("json", "jsonb")},
         )
@@ -303,23 +308,29 @@ class PostgresWriter:
                 conn.autocommit = True
                 with conn.cursor() as cur:
                     cur.execute("SET statement_timeout = 5000")
-                    cur.execute("SELECT state, wait_event_type, wait_event, pg_blocking_pids(pid)"
-                                " FROM pg_stat_activity WHERE pid = %s", (pid,))
+                    cur.execute(
+                        "SELECT state, wait_event_type, wait_event, pg_blocking_pids(pid)"
+                        " FROM pg_stat_activity WHERE pid = %s",
+                        (pid,),
+                    )
                     found = cur.fetchone()
             finally:
                 conn.close()
             if found is None:
                 return f"backend {pid} not found"
             state, kind, event, blocking = found
-            return (f"backend {pid} {state}, waiting on {kind or '-'}/{event or '-'}, blocked by pids "
-                    f"{', '.join(map(str, blocking)) or 'none'}")
+            return (
+                f"backend {pid} {state}, waiting on {kind or '-'}/{event or '-'}, blocked by pids "
+                f"{', '.join(map(str, blocking)) or 'none'}"
+            )
 
         def said(report: Any) -> None:
             self._asking = False
             if not isinstance(report, str):
                 report = f"could not ask ({redact(' '.join(str(report.value).split()))})"
-            logger.warning("Database stalled: no batch committed for %.0f s, %d rows waiting; Postgres: %s",
-                           waited, rows, report)
+            logger.warning(
+                "Database stalled: no batch committed for %.0f s, %d rows waiting; Postgres: %s", waited, rows, report
+            )
             if self.stats is not None:
                 self.stats.inc_value("postgres/stall_warnings")
 
@@ -350,7 +361,11 @@ class PostgresWriter:
                 self._drop_connection()
                 if time.monotonic() >= deadline:
                     raise
-                logger.warning("Database unavailable (%s); retrying the batch (attempt %d)", redact(" ".join(str(exc).split())), attempt)
+                logger.warning(
+                    "Database unavailable (%s); retrying the batch (attempt %d)",
+                    redact(" ".join(str(exc).split())),
+                    attempt,
+                )
             time.sleep(min(5.0, 0.05 * 2**attempt) * (0.5 + random.random()))
 
     def _write_once(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]]) -> dict[str, BatchResult]:
@@ -364,8 +379,9 @@ class PostgresWriter:
             except _Refused as refused:
                 one_by_one.add(refused.table)
 
-    def _write_transaction(self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]],
-                           one_by_one: set[str]) -> dict[str, BatchResult]:
+    def _write_transaction(
+        self, batches: dict[str, list[Pending]], rejects: list[dict[str, Any]], one_by_one: set[str]
+    ) -> dict[str, BatchResult]:
         results: dict[str, BatchResult] = {}
         context = self.history_context() if self.history_context is not None else None
         with self._conn:  # one transaction for the whole flush
@@ -387,8 +403,9 @@ class PostgresWriter:
                     _write_rejects(cur, rejects)
         return results
 
-    def _write_row_by_row(self, cur: Any, upserter: TableUpserter, rows: list[Row],
-                          context: history.Context | None = None) -> BatchResult:
+    def _write_row_by_row(
+        self, cur: Any, upserter: TableUpserter, rows: list[Row], context: history.Context | None = None
+    ) -> BatchResult:
         result = BatchResult()
         for row in rows:
             # Its own round trip: whatever fails next (preparing the statements included) is
@@ -474,7 +491,7 @@ def writer_for(crawler: Any) -> PostgresWriter:
     from scrapy import signals
 
     from ..config import get_float, get_int, mask_url
-    from ..items.base import stored_item_types
+    from ..items import stored_item_types
 
     settings = crawler.settings
     writer = PostgresWriter(

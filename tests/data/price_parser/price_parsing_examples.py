@@ -16,7 +16,6 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-
 from price_parser import Price
 
 
@@ -52,11 +51,7 @@ class Example(Price):  # noqa: PLW1641
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Price):
             return super().__eq__(other)
-        return (
-            self.amount == other.amount
-            and self.currency == other.currency
-            and self.amount_text == other.amount_text
-        )
+        return self.amount == other.amount and self.currency == other.currency and self.amount_text == other.amount_text
 
 
 def idfn(val: object) -> str | None:
@@ -270,8 +265,7 @@ PRICE_PARSING_EXAMPLES = [
     ),
     Example("5.590,00 € *", "9.990,00 €", "€", "9.990,00", 9990),
     Example(
-        "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26"
-        " 27 28 29 30",
+        "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30",
         "$175.00",
         "$",
         "175.00",
@@ -1029,10 +1023,7 @@ PRICE_PARSING_EXAMPLES_3 = [
     Example("$29.99", "$29.99", "$", "29.99", 29.99),
     Example(None, "795", None, "795", 795),
     Example(
-        (
-            "Sorry, this item is currently out of stock but you can still"
-            " order, we will send as soon a product arrives"
-        ),
+        ("Sorry, this item is currently out of stock but you can still order, we will send as soon a product arrives"),
         "34.99",
         None,
         "34.99",
@@ -1232,8 +1223,7 @@ PRICE_PARSING_EXAMPLES_XFAIL = [
     ),
     Example(
         None,
-        "50 - $2.00 100 - $2.75 400 - $4.50 1,000 - $9.00 "
-        "2,000 - $17.00 3,000 - $24.00 10,000 - $75.00",
+        "50 - $2.00 100 - $2.75 400 - $4.50 1,000 - $9.00 2,000 - $17.00 3,000 - $24.00 10,000 - $75.00",
         "$",
         "2.00",
         2,
@@ -1445,19 +1435,13 @@ PRICE_PARSING_DECIMAL_SEPARATOR_EXAMPLES = [
     + PRICE_PARSING_DECIMAL_SEPARATOR_EXAMPLES
     + [
         pytest.param(e, marks=pytest.mark.xfail(strict=True))
-        for e in PRICE_PARSING_EXAMPLES_XFAIL
-        + PRICE_PARSING_EXAMPLES_XFAIL_CURRENCIES_TO_BE_ADDED
+        for e in PRICE_PARSING_EXAMPLES_XFAIL + PRICE_PARSING_EXAMPLES_XFAIL_CURRENCIES_TO_BE_ADDED
     ],
     ids=idfn,
 )
 def test_parsing(example: Example) -> None:
-    parsed = Price.fromstring(
-        example.price_raw, example.currency_raw, example.decimal_separator
-    )
-    assert parsed == example, (
-        f"Failed scenario: price={example.price_raw}, "
-        f"currency_hint={example.currency_raw}"
-    )
+    parsed = Price.fromstring(example.price_raw, example.currency_raw, example.decimal_separator)
+    assert parsed == example, f"Failed scenario: price={example.price_raw}, currency_hint={example.currency_raw}"
 
 
 @pytest.mark.parametrize(
@@ -1482,8 +1466,6 @@ def test_price_amount_float(amount: Decimal | None, amount_float: float | None) 
         ("140.000€33", "€", Decimal("140000.33")),
     ],
 )
-def test_price_decimal_separator(
-    price_raw: str, decimal_separator: str | None, expected_result: Decimal
-) -> None:
+def test_price_decimal_separator(price_raw: str, decimal_separator: str | None, expected_result: Decimal) -> None:
     parsed = Price.fromstring(price_raw, decimal_separator=decimal_separator)
     assert parsed.amount == expected_result

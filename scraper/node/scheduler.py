@@ -30,24 +30,23 @@ import logging
 import time
 from typing import Any
 
-from twisted.internet import defer
-
 from scrapy import Request, Spider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
+from twisted.internet import defer
 
 from ..config import get_bool, get_float, get_int
+from ..queue import keys, signing
+from ..queue.dupefilter import SharedDupeFilter, make_stores, seen_config
+from ..queue.leases import Leases, lease_abandoned
+from ..queue.queues import LEASE_META, RequestSerializationError
+from ..queue.replication import ReplicaBarrier
+from ..queue.shards import Shards, discard_shards, shard_count, shards_setting
 from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
-from ..storage import gone
-from . import keys, signing
-from .dupefilter import SharedDupeFilter, make_stores, seen_config
-from .shards import Shards, discard_shards, shard_count, shards_setting
-from .nodes import NodeRegistry
+from ..runs.nodes import NodeRegistry
 from ..runs.state import Decision, RunState
-from .leases import Leases, lease_abandoned
-from .replication import ReplicaBarrier
-from .queues import LEASE_META, RequestSerializationError
+from . import gone
 
 # `scrapy crawl`'s exit status for a run whose shared state was lost (see scraper.runs.state).
 LOST_EXIT_STATUS = 4
@@ -57,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 class SharedScheduler(Scheduler):
     @classmethod
-    def from_crawler(cls, crawler: Any) -> "SharedScheduler":
+    def from_crawler(cls, crawler: Any) -> SharedScheduler:
         settings = crawler.settings
         signing.install(settings)  # no secret with a shared Redis: refused here, before any pop
         instance = cls(
@@ -77,8 +76,9 @@ class SharedScheduler(Scheduler):
         instance.lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 60.0, minimum=0)
         instance.max_redeliveries = get_int(settings, "SCHEDULER_MAX_REDELIVERIES", 5, minimum=0)
         # What a worker killed at any moment costs in refetched pages: the leases it holds.
-        instance.max_leases = get_int(settings, "SCHEDULER_MAX_LEASES",
-                                      2 * get_int(settings, "CONCURRENT_REQUESTS"), minimum=0)
+        instance.max_leases = get_int(
+            settings, "SCHEDULER_MAX_LEASES", 2 * get_int(settings, "CONCURRENT_REQUESTS"), minimum=0
+        )
         instance.node_ttl = get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)
         instance.fresh = get_bool(settings, "RUNS_FRESH", False)
         seen_config(settings)  # a bad DUPEFILTER_* setting fails here even without the add-on
@@ -116,15 +116,22 @@ class SharedScheduler(Scheduler):
         self.barrier: ReplicaBarrier | None = None
         self._lease_loop: Any = None
         if self.lease_timeout > 0:
-            self.leases = Leases(self.server, spider.name, self.queue.key, keys.dead_key(spider.name),
-                                 self.lease_timeout, self.max_redeliveries, owner=self.nodes.node_id,
-                                 shards=self.shards, clock=self.nodes.clock)
+            self.leases = Leases(
+                self.server,
+                spider.name,
+                self.queue.key,
+                keys.dead_key(spider.name),
+                self.lease_timeout,
+                self.max_redeliveries,
+                owner=self.nodes.node_id,
+                shards=self.shards,
+                clock=self.nodes.clock,
+            )
             self.queue.leases = self.leases
             self.queue.barrier = self.barrier = ReplicaBarrier.needed(self.server, self.shards)
         if self.flush_on_start:
             self.flush()
-        self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases,
-                            shards=self.shards)
+        self.run = RunState(self.server, spider.name, self.nodes, self.queue.key, self.leases, shards=self.shards)
         self._closing = False
         self._lost = False
         self._said_lost_start = False
@@ -150,12 +157,21 @@ class SharedScheduler(Scheduler):
                 old = Shards(name, count)
                 stores = make_stores(self.server, name, self.crawler.settings, old)
                 dropped = discard_shards(self.server, old, [k for store in stores for k in store.run_keys()])
-                logger.warning("Discarded the %d shards of the current run of %s (--fresh): %d queued or leased "
-                               "requests dropped", count, name, dropped)
+                logger.warning(
+                    "Discarded the %d shards of the current run of %s (--fresh): %d queued or leased requests dropped",
+                    count,
+                    name,
+                    dropped,
+                )
             return Shards(name, wanted)
-        logger.warning("SCHEDULER_SHARDS=%d not applied: the current run of %s has its frontier in %d shard%s "
-                       "and keeps them until it finishes (or start it again with --fresh)",
-                       wanted, name, count, "" if count == 1 else "s")
+        logger.warning(
+            "SCHEDULER_SHARDS=%d not applied: the current run of %s has its frontier in %d shard%s "
+            "and keeps them until it finishes (or start it again with --fresh)",
+            wanted,
+            name,
+            count,
+            "" if count == 1 else "s",
+        )
         return Shards(name, count)
 
     def _shard_run_keys(self) -> list[str]:
@@ -183,10 +199,16 @@ class SharedScheduler(Scheduler):
             return 0
         if run_id and state != "finished" and not self._said_lost_start:
             self._said_lost_start = True
-            logger.warning("Run %d of %s is recorded as %s in Postgres, but Redis has no record of it: its "
-                           "shared state (queue, seen-set) was lost. Starting a fresh run %d from the seeds; "
-                           "pages run %d had fetched are fetched again.", run_id, self.spider.name, state,
-                           run_id + 1, run_id)
+            logger.warning(
+                "Run %d of %s is recorded as %s in Postgres, but Redis has no record of it: its "
+                "shared state (queue, seen-set) was lost. Starting a fresh run %d from the seeds; "
+                "pages run %d had fetched are fetched again.",
+                run_id,
+                self.spider.name,
+                state,
+                run_id + 1,
+                run_id,
+            )
         return run_id
 
     async def _wait_to_begin(self, decision: Decision) -> None:
@@ -210,9 +232,14 @@ class SharedScheduler(Scheduler):
             "Waiting for run %d of %s: %d live node%s (%s; last heartbeat %.0f s ago) with nothing queued or "
             "leased. If they queue more, this node joins; once they leave (or stay silent until %s, "
             "RUNS_NODE_TTL=%gs) the run is finished and this node starts the next",
-            decision.run_id, self.spider.name, len(live), "" if len(live) == 1 else "s",
-            ", ".join(n.rsplit(":", 1)[0] for n in sorted(live)) or "none", now - newest,
-            time.strftime("%H:%M:%S", time.localtime(newest + self.node_ttl)), self.node_ttl,
+            decision.run_id,
+            self.spider.name,
+            len(live),
+            "" if len(live) == 1 else "s",
+            ", ".join(n.rsplit(":", 1)[0] for n in sorted(live)) or "none",
+            now - newest,
+            time.strftime("%H:%M:%S", time.localtime(newest + self.node_ttl)),
+            self.node_ttl,
         )
 
     def _begun(self, decision: Decision) -> None:
@@ -221,14 +248,25 @@ class SharedScheduler(Scheduler):
         name = self.spider.name
         adopted = self.queue.adopt_unsharded()
         if adopted:
-            logger.info("Moved %d requests queued unsharded into the %d shards of %s's frontier",
-                        adopted, self.shards.count, name)
+            logger.info(
+                "Moved %d requests queued unsharded into the %d shards of %s's frontier",
+                adopted,
+                self.shards.count,
+                name,
+            )
         if decision.finished_previous and decision.dropped:
-            logger.warning("Discarded run %d of %s (--fresh): %d queued or leased requests dropped",
-                           decision.finished_previous, name, decision.dropped)
+            logger.warning(
+                "Discarded run %d of %s (--fresh): %d queued or leased requests dropped",
+                decision.finished_previous,
+                name,
+                decision.dropped,
+            )
         elif decision.finished_previous and decision.action == "start":
-            logger.info("Run %d of %s had finished (no node left, nothing queued or leased): recorded as "
-                        "finished now", decision.finished_previous, name)
+            logger.info(
+                "Run %d of %s had finished (no node left, nothing queued or leased): recorded as finished now",
+                decision.finished_previous,
+                name,
+            )
         if self.leases is not None:
             self._reap()  # requests a worker of an earlier run died holding
             self.crawler.signals.connect(self._abandon, signal=lease_abandoned)
@@ -252,10 +290,14 @@ class SharedScheduler(Scheduler):
         bound = get_float(self.crawler.settings, "RUNS_CLOCK_SKEW_WARN", 30.0, minimum=0)
         skew = -self.nodes.clock.offset  # this host's clock minus Redis'
         if bound and abs(skew) > bound:
-            logger.warning("This host's clock is %.0f s %s Redis' (more than RUNS_CLOCK_SKEW_WARN=%gs): leases and "
-                           "heartbeats use Redis' clock and are not affected, but this host's own timestamps "
-                           "(logs, archive records) are off; check its time synchronisation (NTP)",
-                           abs(skew), "ahead of" if skew > 0 else "behind", bound)
+            logger.warning(
+                "This host's clock is %.0f s %s Redis' (more than RUNS_CLOCK_SKEW_WARN=%gs): leases and "
+                "heartbeats use Redis' clock and are not affected, but this host's own timestamps "
+                "(logs, archive records) are off; check its time synchronisation (NTP)",
+                abs(skew),
+                "ahead of" if skew > 0 else "behind",
+                bound,
+            )
             self.crawler.stats.set_value("run/clock_skew_seconds", round(skew, 1))
 
     def _start_line(self, decision: Decision) -> str:
@@ -269,8 +311,10 @@ class SharedScheduler(Scheduler):
         summary = self.run.lease_summary()
         if summary.stopped:
             wait = max(0.0, summary.stopped_back_at - self.nodes.clock.now())
-            details.append(f"{summary.stopped:,} leased by {'a worker' if len(summary.stopped_owners) == 1 else 'workers'}"
-                           f" that stopped; they return in {wait:.0f} s")
+            details.append(
+                f"{summary.stopped:,} leased by {'a worker' if len(summary.stopped_owners) == 1 else 'workers'}"
+                f" that stopped; they return in {wait:.0f} s"
+            )
         return f"resuming run {run_id} of {name} ({', '.join(details)})"
 
     def _beat(self) -> None:
@@ -294,11 +338,16 @@ class SharedScheduler(Scheduler):
             "persistence, flushed, or failed over to a replica without the latest writes), and with it the "
             "queue and the seen-set. This node stops; the run ends lost (exit %d), nothing is marked gone, and "
             "the next `scrapy crawl %s` starts a fresh run from the seeds. Keep the queue's Redis persistent "
-            "(appendonly yes) to survive a restart.", self.run.run_id, self.spider.name, LOST_EXIT_STATUS,
-            self.spider.name)
+            "(appendonly yes) to survive a restart.",
+            self.run.run_id,
+            self.spider.name,
+            LOST_EXIT_STATUS,
+            self.spider.name,
+        )
         engine = self.crawler.engine
         deferred_from_coro(engine.close_spider_async(reason="lost")).addErrback(
-            lambda failure: logger.error("Could not stop the spider: %s", failure.value))
+            lambda failure: logger.error("Could not stop the spider: %s", failure.value)
+        )
 
     def _node_info(self) -> dict[str, Any]:
         stats = self.crawler.stats
@@ -377,7 +426,8 @@ class SharedScheduler(Scheduler):
                 self.stats.inc_value("dead_letters/lease", dead)
             logger.warning(
                 "Requests of a worker that stopped renewing its leases: %d back in the queue, %d dead letters",
-                requeued, dead,
+                requeued,
+                dead,
             )
 
     def close(self, reason: str) -> None:
@@ -394,9 +444,12 @@ class SharedScheduler(Scheduler):
     def _closed_without_redis(self, why: str) -> None:
         # Nothing unsafe was acknowledged: the leases left behind expire, and their requests
         # are fetched again by another node or the next run.
-        logger.error("Redis unreachable while closing (%s): %d requests not queued; the leases of "
-                     "the pages that produced them expire and those pages are fetched again",
-                     why, self.queue.staged_count())
+        logger.error(
+            "Redis unreachable while closing (%s): %d requests not queued; the leases of "
+            "the pages that produced them expire and those pages are fetched again",
+            why,
+            self.queue.staged_count(),
+        )
 
     def _close(self, reason: str) -> None:
         if not self.flush_staged():
@@ -414,37 +467,66 @@ class SharedScheduler(Scheduler):
             return  # closed while waiting to begin: never part of a run
         # The run's item claims are held back from the keys dropped at its finish: gone-marking
         # reads them first (and drops them).
-        outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()),
-                                       self._shard_run_keys())
+        outcome, live = self.run.leave(
+            reason, gone.hold_items_seen(self.crawler, self.spider.name, self._run_keys()), self._shard_run_keys()
+        )
         if outcome == "lost" and not self._lost:
             self._lost = True
             self.crawler.stats.set_value("run/exit_status", LOST_EXIT_STATUS)
-            logger.error("Run %d of %s lost its shared state: Redis has no record of it any more (restarted "
-                         "without persistence, flushed, or failed over without the latest writes). The run ends "
-                         "lost (exit %d), nothing is marked gone, and the next `scrapy crawl %s` starts a fresh "
-                         "run from the seeds.", self.run.run_id, self.spider.name, LOST_EXIT_STATUS,
-                         self.spider.name)
+            logger.error(
+                "Run %d of %s lost its shared state: Redis has no record of it any more (restarted "
+                "without persistence, flushed, or failed over without the latest writes). The run ends "
+                "lost (exit %d), nothing is marked gone, and the next `scrapy crawl %s` starts a fresh "
+                "run from the seeds.",
+                self.run.run_id,
+                self.spider.name,
+                LOST_EXIT_STATUS,
+                self.spider.name,
+            )
         self.run_outcome = outcome
         self.crawler.stats.set_value("run/outcome", outcome)
         gone.after_leave(self.crawler, self.server, self.spider.name, reason, outcome == "finished")
         name, run_id = self.spider.name, self.run.run_id
         if outcome == "finished" and (self.df.run_keys() or self.df.shard_run_keys()):
-            logger.info("Run %d of %s finished on every node: its seen-set was cleared so the next run starts fresh",
-                        run_id, name)
+            logger.info(
+                "Run %d of %s finished on every node: its seen-set was cleared so the next run starts fresh",
+                run_id,
+                name,
+            )
         elif outcome == "finished":
             logger.info(
                 "Run %d of %s finished on every node: its seen-set is kept, each fingerprint for at most "
-                "DUPEFILTER_EXPIRY=%gs after it was claimed", run_id, name, self.df.store.expiry,
+                "DUPEFILTER_EXPIRY=%gs after it was claimed",
+                run_id,
+                name,
+                self.df.store.expiry,
             )
         elif outcome == "stopped":
-            logger.info("Run %d of %s stopped (%s) with %d requests left in the shared queue; the next "
-                        "`scrapy crawl %s` resumes it", run_id, name, reason, len(self.queue), name)
+            logger.info(
+                "Run %d of %s stopped (%s) with %d requests left in the shared queue; the next "
+                "`scrapy crawl %s` resumes it",
+                run_id,
+                name,
+                reason,
+                len(self.queue),
+                name,
+            )
         elif outcome == "gone":
-            logger.warning("Run %d of %s was ended by another node while this one was silent for over "
-                           "RUNS_NODE_TTL=%gs", run_id, name, self.node_ttl)
+            logger.warning(
+                "Run %d of %s was ended by another node while this one was silent for over RUNS_NODE_TTL=%gs",
+                run_id,
+                name,
+                self.node_ttl,
+            )
         else:
-            logger.info("Spider %r closed (%s); run %d goes on with %d other live node%s", name, reason, run_id,
-                        live, "" if live == 1 else "s")
+            logger.info(
+                "Spider %r closed (%s); run %d goes on with %d other live node%s",
+                name,
+                reason,
+                run_id,
+                live,
+                "" if live == 1 else "s",
+            )
 
     def flush(self) -> None:
         self.df.clear()
@@ -468,7 +550,9 @@ class SharedScheduler(Scheduler):
             first_line = message.split(": cannot queue")[0]
             if first_line not in self._unserializable_logged:
                 self._unserializable_logged.add(first_line)
-                logger.error("%s (further requests from this callback that fail the same way are only counted)", message)
+                logger.error(
+                    "%s (further requests from this callback that fail the same way are only counted)", message
+                )
             return False
         if self.queue.staged_count() >= 100:
             self.flush_staged()
@@ -506,30 +590,42 @@ class SharedScheduler(Scheduler):
         self._no_reap_until = now + self.lease_timeout
         if now - self._last_redis_warning >= 10:
             self._last_redis_warning = now
-            logger.warning("Redis unreachable (%s): %d requests wait to be queued; retrying",
-                           unreachable_reason(exc), self.queue.staged_count())
+            logger.warning(
+                "Redis unreachable (%s): %d requests wait to be queued; retrying",
+                unreachable_reason(exc),
+                self.queue.staged_count(),
+            )
 
     def _report_lease_wait(self) -> None:
         now = time.monotonic()
         if self._lease_wait_since is None:
             self._lease_wait_since = now
         # At once for a stopped worker's leases (the wait can be long), after 10 s for live ones.
-        if now - self._last_lease_report < 10 or (self._last_lease_report == float("-inf") and now - self._lease_wait_since < 2):
+        if now - self._last_lease_report < 10 or (
+            self._last_lease_report == float("-inf") and now - self._lease_wait_since < 2
+        ):
             return
         summary = self.run.lease_summary(self.leases.mine)
         if summary.stopped:
             self._last_lease_report = now
             back = summary.stopped_back_at
-            logger.info("Waiting for %d requests leased by %s that stopped (%s): they return to the queue by "
-                        "%s (in %.0f s, SCHEDULER_LEASE_TIMEOUT)", summary.stopped,
-                        "a worker" if len(summary.stopped_owners) == 1 else "workers",
-                        ", ".join(sorted(summary.stopped_owners)), time.strftime("%H:%M:%S", time.localtime(back)),
-                        max(0.0, back - self.nodes.clock.now()))
+            logger.info(
+                "Waiting for %d requests leased by %s that stopped (%s): they return to the queue by "
+                "%s (in %.0f s, SCHEDULER_LEASE_TIMEOUT)",
+                summary.stopped,
+                "a worker" if len(summary.stopped_owners) == 1 else "workers",
+                ", ".join(sorted(summary.stopped_owners)),
+                time.strftime("%H:%M:%S", time.localtime(back)),
+                max(0.0, back - self.nodes.clock.now()),
+            )
         elif summary.live and now - self._lease_wait_since >= 10:
             self._last_lease_report = now
-            logger.info("Waiting for %d requests leased by live workers: they finish there, or return to the "
-                        "queue within SCHEDULER_LEASE_TIMEOUT=%gs if their worker stops", summary.live,
-                        self.lease_timeout)
+            logger.info(
+                "Waiting for %d requests leased by live workers: they finish there, or return to the "
+                "queue within SCHEDULER_LEASE_TIMEOUT=%gs if their worker stops",
+                summary.live,
+                self.lease_timeout,
+            )
 
     def _at_lease_cap(self) -> bool:
         """This node holds ``SCHEDULER_MAX_LEASES`` leases and has none left to hand out: take no

@@ -13,10 +13,11 @@ import json
 import os
 import socket
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import procs
-from .clock import RedisClock
+from ..queue.clock import RedisClock
 
 
 class NodeRegistry:
@@ -54,7 +55,9 @@ class NodeRegistry:
                 info = json.loads(raw)
             except ValueError:
                 continue
-            if info.get("host") == self.identity["host"] and not procs.is_alive(info.get("pid", 0), info.get("started")):
+            if info.get("host") == self.identity["host"] and not procs.is_alive(
+                info.get("pid", 0), info.get("started")
+            ):
                 dead.append(node.decode() if isinstance(node, bytes) else node)
         return dead
 

@@ -19,7 +19,8 @@ import hashlib
 import json
 import logging
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
@@ -28,8 +29,8 @@ from psycopg2.extras import execute_values
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
 from ..runs_hook import current_run_id, run_finished
-from . import held
-from .history import key_match
+from ..storage import held
+from ..storage.history import key_match
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,14 @@ def _unseen(conn: Any, spider: str, item_type: type[StoredItem], seen: set[str])
     keys = sql.SQL(", ").join(map(ident, item_type.key))
     with conn.cursor(name="gone_keys") as rows:
         rows.itersize = 10_000
-        rows.execute(sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(
-            keys, ident(item_type.table)), (spider,))
+        rows.execute(
+            sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(keys, ident(item_type.table)),
+            (spider,),
+        )
         return [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
 
 
-def hold_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
-              run_id: int) -> int:
+def hold_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str], run_id: int) -> int:
     """What :func:`mark_gone` would mark, held with the run instead (see :mod:`.held`)."""
     seen = set(seen)
     total = 0
@@ -65,8 +67,9 @@ def hold_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], se
     return total
 
 
-def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str],
-              run_id: int | None) -> int:
+def mark_gone(
+    conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str], run_id: int | None
+) -> int:
     """Mark the *spider*'s rows whose key digest is not in *seen*; returns how many."""
     seen = set(seen)
     total = 0
@@ -77,11 +80,13 @@ def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], se
             if not missing:
                 continue
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS _gone_keys (key jsonb) ON COMMIT DROP")
-            execute_values(cur, "INSERT INTO _gone_keys (key) VALUES %s",
-                           [(json.dumps(list(k), default=str),) for k in missing])
+            execute_values(
+                cur, "INSERT INTO _gone_keys (key) VALUES %s", [(json.dumps(list(k), default=str),) for k in missing]
+            )
             match = key_match(item_type, "t", "g.key")
-            cur.execute(sql.SQL(
-                """
+            cur.execute(
+                sql.SQL(
+                    """
                 WITH g AS (
                     UPDATE {table} t SET gone_at = now() FROM _gone_keys g
                     WHERE {match} AND t.spider = %(spider)s AND t.gone_at IS NULL
@@ -90,8 +95,9 @@ def mark_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], se
                 INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)
                 SELECT %(table)s, g.key, 'gone', 'crawl', %(spider)s, %(run)s FROM g
                 """
-            ).format(table=ident(item_type.table), match=match),
-                {"spider": spider, "table": item_type.table, "run": run_id})
+                ).format(table=ident(item_type.table), match=match),
+                {"spider": spider, "table": item_type.table, "run": run_id},
+            )
             total += cur.rowcount
             cur.execute("DELETE FROM _gone_keys")
     return total
@@ -127,8 +133,7 @@ def _restore(crawler: Any, writer: Any, spider: str, broken: list[str]) -> None:
         return
     conn = psycopg2.connect(writer.dsn)
     try:
-        restored = restore_blanks(conn, spider, run_id, list(writer._types.values()),
-                                  [b for b in broken if "." in b])
+        restored = restore_blanks(conn, spider, run_id, list(writer._types.values()), [b for b in broken if "." in b])
     finally:
         conn.close()
     crawler.stats.set_value("quality/restored", restored)
@@ -168,8 +173,9 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
             return
         # A thousand claims per round trip: Redis' default of ten made the last node's close
         # one round trip per ten items stored (460 for the 5,000-product demo shop).
-        seen = (field.decode() if isinstance(field, bytes) else field
-                for field, _ in server.hscan_iter(taken, count=1000))
+        seen = (
+            field.decode() if isinstance(field, bytes) else field for field, _ in server.hscan_iter(taken, count=1000)
+        )
         run_id = current_run_id(crawler)
         conn = psycopg2.connect(writer.dsn)
         try:
@@ -181,9 +187,16 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
             conn.close()
         if holding:
             crawler.stats.set_value("quality/held_gone", kept)
-            logger.warning("Run of %r broke its data quality (%s): nothing is marked gone; %d gone-mark(s) held "
-                           "with run %s (scrapy runs %s --report %s, then --apply or --discard)",
-                           spider, ", ".join(broken), kept, run_id, spider, run_id)
+            logger.warning(
+                "Run of %r broke its data quality (%s): nothing is marked gone; %d gone-mark(s) held "
+                "with run %s (scrapy runs %s --report %s, then --apply or --discard)",
+                spider,
+                ", ".join(broken),
+                kept,
+                run_id,
+                spider,
+                run_id,
+            )
             return
         crawler.stats.set_value("items/gone", gone)
         logger.info("Run of %r finished: %d row(s) not seen in it marked gone", spider, gone)
