@@ -3,6 +3,7 @@
 #               make demo API=1 fetches every page through the local scraping-API stand-in;
 #               make demo BREAK=1 serves half the product pages in a new layout (data-quality drill)
 #   make test   install what the tests need and run them
+#   make docs   build the documentation site into .site/ (mkdocs, strict)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -12,7 +13,7 @@ TARGET  ?= default
 # Two pytest workers on two cores: most tests wait on real processes, not the CPU.
 TEST_WORKERS ?= 2
 
-.PHONY: install tools demo demo-site test bench clean deploy
+.PHONY: install tools demo demo-site test bench clean deploy docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +37,10 @@ tools:
 
 test: $(STAMP) tools
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link or a page missing from the nav fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir .site
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

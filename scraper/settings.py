@@ -103,7 +103,7 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             ``<html lang>``) then English, else English alone.
 ``CLEAN_LOCALE``            The locale (``de-CH``) numbers and numeric dates are read by when
                             neither the request's meta ``locale``, the spider's ``locale`` nor the
-                            page declares one; unset: guessed shapes only (see README).
+                            page declares one; unset: guessed shapes only (see docs/guides/cleaning.md).
 ``DLQ_CALLBACK_RETRIES``    More tries for a request whose callback raised, before it becomes
                             a dead letter (1); see ``scrapy dlq``.
 ``ARCHIVE_ENABLED``         Archive every response the spiders see as WARC (false); setting
@@ -125,7 +125,7 @@ Environment variables (all optional; the defaults run the embedded, single-machi
                             another takes it over (60).
 ``PROCESSING_MAX_DELIVERIES``  Deliveries of one entry before it becomes a dead letter (3).
 ``PROCESSING_BATCH``        Entries a processor reads per round trip (16).
-``QUALITY_ENABLED``         Check each finished run's data quality (true); see README, Data quality.
+``QUALITY_ENABLED``         Check each finished run's data quality (true); see docs/operations/data-quality.md.
 ``QUALITY_BASELINE_RUNS``   A finished run is compared with the spider's last N checked runs (5).
 ``QUALITY_MIN_ITEMS``       Fewer stored items of a type (or prices seen before): their coverage
                             (price pairs) is not judged (10).
@@ -209,7 +209,7 @@ DOWNLOAD_HANDLERS = {
     "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
     "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
     # A crawl node fetches the web, nothing else: a queue entry must not read local files or
-    # reach buckets and FTP servers with the node's credentials (see docs/security.md).
+    # reach buckets and FTP servers with the node's credentials (see docs/operations/security.md).
     "file": None,
     "s3": None,
     "ftp": None,
