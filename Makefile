@@ -3,6 +3,7 @@
 #               make demo API=1 fetches every page through the local scraping-API stand-in;
 #               make demo BREAK=1 serves half the product pages in a new layout (data-quality drill)
 #   make test   install what the tests need and run them
+#   make docs   build the documentation site into .site/ (mkdocs, strict)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -12,7 +13,7 @@ TARGET  ?= default
 # Two pytest workers on two cores: most tests wait on real processes, not the CPU.
 TEST_WORKERS ?= 2
 
-.PHONY: install tools demo demo-site test test-fast check bench clean deploy
+.PHONY: install tools demo demo-site test test-fast check docs bench clean deploy
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +44,10 @@ check: $(STAMP)
 	$(BIN)/ruff check scraper tests bench
 	$(BIN)/ruff format --check scraper tests bench
 	PYTHONPATH=. $(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link or a page missing from the nav fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir .site
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -148,7 +148,7 @@ def domain_entries(value: object, name: str, expected: str, separators: str = ",
 
 
 # The placeholder passwords of .env.example: a deployment still using one is open to anyone
-# who reads the example (see docs/security.md).
+# who reads the example (see docs/operations/security.md).
 PLACEHOLDERS = ("change-me", "changeme")
 
 

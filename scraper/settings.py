@@ -49,7 +49,7 @@ DOWNLOAD_HANDLERS = {
     "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
     "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
     # A crawl node fetches the web, nothing else: a queue entry must not read local files or
-    # reach buckets and FTP servers with the node's credentials (see docs/security.md).
+    # reach buckets and FTP servers with the node's credentials (see docs/operations/security.md).
     "file": None,
     "s3": None,
     "ftp": None,

@@ -1,6 +1,6 @@
 """``scrapy process SPIDER``: run the callbacks and the item pipeline over fetched responses.
 
-The other half of ``PROCESSING=decoupled`` (see the README): ``scrapy crawl`` nodes fetch and put
+The other half of ``PROCESSING=decoupled`` (see docs/operations/decoupled.md): ``scrapy crawl`` nodes fetch and put
 each response in the spider's stream; any number of ``scrapy process`` workers, on any machines,
 take them from it as one consumer group (see :mod:`scraper.processing.scheduler`), store the
 items, and send the links found to the shared queue. A processor fetches nothing. It waits while

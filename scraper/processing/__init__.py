@@ -1,4 +1,4 @@
-"""Processing apart from fetching (``PROCESSING=decoupled``), see the README's section.
+"""Processing apart from fetching (``PROCESSING=decoupled``), see docs/operations/decoupled.md.
 
 Fetchers (``scrapy crawl``) download and archive, and hand each response to a Redis Stream
 (:mod:`.handoff`), holding new downloads while it is full (:mod:`.backpressure`) and staying

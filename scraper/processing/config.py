@@ -14,7 +14,7 @@ PROCESSOR_SETTING = "PROCESSING_PROCESSOR"
 
 @dataclass(frozen=True)
 class ProcessingConfig:
-    mode: str  # inline: fetch and process in one process (default); decoupled: see README
+    mode: str  # inline: fetch and process in one process (default); decoupled: see docs/operations/decoupled.md
     max_pending: int  # responses the stream may hold before fetchers stop fetching
     claim_idle: float  # seconds an entry may sit unrenewed with a processor before another takes it
     max_deliveries: int  # deliveries of one entry before it becomes a dead letter

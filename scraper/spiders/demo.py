@@ -20,7 +20,7 @@ class DemoSpider(CatalogSpider):
     default_currency = "USD"
     # It writes numeric dates day first (12.11.2026 is 12 November).
     date_order = "DMY"
-    # Shares of stored items that must have these fields (see README, Data quality): every
+    # Shares of stored items that must have these fields (see docs/operations/data-quality.md): every
     # product on the shop has a brand and a release date.
     coverage = {"brand": 0.95, "released_at": 0.95}
 

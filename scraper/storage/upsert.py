@@ -4,8 +4,8 @@ The batch travels as a single JSON array that the statement unpacks itself
 (``json_populate_recordset`` over the table's own row type): one round trip, no staging table.
 A batch at the lease cap holds a dozen rows or so, and for such a batch a temporary staging
 table cost more than the rows: creating it (``IF NOT EXISTS``) and emptying it at commit took
-1.5 ms of the backend's CPU per batch, a JSON parameter 0.4 ms (see the README's Performance
-section). Each row's JSON is the one its content hash was computed from, so it is not
+1.5 ms of the backend's CPU per batch, a JSON parameter 0.4 ms (see docs/performance.md).
+Each row's JSON is the one its content hash was computed from, so it is not
 serialized twice. Rows whose content hash is unchanged are filtered out *before* the insert
 (an anti-join), because letting ``ON CONFLICT … WHERE`` discard them still locks and WAL-logs
 every row. Rows are sorted by the natural key so that two workers writing overlapping batches
