@@ -37,6 +37,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.threads import deferToThread
 
 from ..config import ConfigError
+from ..shared_state import is_crawl_node
 from .dead_letters import bury
 
 logger = logging.getLogger(__name__)
@@ -105,9 +106,12 @@ class FetchBoundaryMiddleware:
         embedded = crawler.settings.getbool("REDIS_EMBEDDED") or str(
             crawler.settings.get("REDIS_URL") or ""
         ).startswith("unix://")
-        if not self.allowed and embedded:
+        self.crawl_node = is_crawl_node(crawler.settings)
+        if not self.allowed and (embedded or not self.crawl_node):
             # The embedded default: the queue is this machine's own, written by no one else, and
-            # the developer's site (`make demo-site`) listens on loopback.
+            # the developer's site (`make demo-site`) listens on loopback. A developer command
+            # (`scrapy parse`, `shell`, `fetch`...) takes no queue entry at all: the developer
+            # named the URL.
             self.allowed = list(LOOPBACK)
         self._verdicts: dict[str, tuple[str | None, float]] = {}  # host -> (reason or None, until)
 
@@ -163,6 +167,7 @@ class FetchBoundaryMiddleware:
     def _refuse(self, request: Request, reason: str, why: str) -> None:
         self.crawler.stats.inc_value(f"fetch_boundary/{reason}")
         logger.warning("Not fetched: %s (%s)", request.url[:300], why)
-        if request.callback is not NO_CALLBACK:  # a component's own request (robots.txt) is its own
+        # A component's own request (robots.txt) is its own; a developer command keeps no dead letters.
+        if request.callback is not NO_CALLBACK and self.crawl_node:
             bury(self.crawler, request, reason, 0)
         raise IgnoreRequest(f"{reason}: {why}")
