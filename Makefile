@@ -29,11 +29,19 @@ demo: $(STAMP)
 demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)
 
-# System tools some tests drive (faketime: a worker with a skewed clock), from Debian's archive.
+# System tools the tests drive, from Debian's archive (installed here, never inside a test):
+# faketime (a worker with a skewed clock), prometheus/promtool (scrapes, alert-rule tests),
+# redis-server/redis-cli (servers a test injects faults into, Redis Cluster), docker-compose
+# (the compose file's validation).
+TOOLS = faketime:faketime promtool:prometheus prometheus:prometheus redis-server:redis-server \
+        redis-cli:redis-tools docker-compose:docker-compose
 tools:
-	@command -v faketime >/dev/null 2>&1 || { apt-get install -y -qq faketime >/dev/null 2>&1 || \
-	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq faketime >/dev/null 2>&1; }; } || \
-	  { echo "make tools: could not install faketime (apt-get install faketime, as root)" >&2; exit 1; }
+	@missing=""; for pair in $(TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  { apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; }; } || \
+	  { echo "make tools: could not install$$missing (apt-get install$$missing, as root)" >&2; exit 1; }; \
+	fi
 
 test: $(STAMP) tools
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
@@ -48,6 +56,10 @@ check: $(STAMP)
 # The documentation site (mkdocs.yml, docs/): strict, so a broken link or a page missing from the nav fails.
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir .site
+
+# The tests that start no process (no crawl, command or server of their own): under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not process" -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

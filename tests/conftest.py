@@ -10,58 +10,22 @@ machine do not interfere.
 from __future__ import annotations
 
 import os
-import re
-import shutil
+import socket
 import subprocess
-import sys
 import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg2
 import pytest
 import redis
 from scrapy.settings import Settings
+from support.crawls import TEST_SCHEDULER_SECRET, Services, with_database, with_redis_db
+from support.processes import wait_for
 
 from scraper import backends
 from scraper.demo_site import Catalog, DemoSite
 
-ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_DBS = range(15, 7, -1)
-
-
-def with_redis_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        query = dict(parse_qsl(parts.query))
-        query["db"] = str(db)
-        return f"unix://{parts.path}?{urlencode(query)}"
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
-
-
-@dataclass
-class Services:
-    redis_url: str
-    database_url: str
-
-    def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
-
-    def query(self, sql: str, params: tuple | None = None) -> list[tuple]:
-        conn = psycopg2.connect(self.database_url)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -116,80 +80,106 @@ def site(catalog: Catalog):
         yield running
 
 
-# The fleet secret of every crawl and queue the tests make (a shared Redis requires one).
-TEST_SCHEDULER_SECRET = "test-fleet-secret-0123456789"
 os.environ.setdefault("SCHEDULER_SECRET", TEST_SCHEDULER_SECRET)
 
 
-def crawl_env(services: Services, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
-    env.update(
-        REDIS_URL=services.redis_url,
-        DATABASE_URL=services.database_url,
-        SCHEDULER_IDLE_TIMEOUT="1",
-        # The test sites listen on loopback, which crawl nodes otherwise refuse to fetch.
-        FETCH_ALLOW_NETWORKS="127.0.0.0/8,::1/128",
-        POSTGRES_FLUSH_INTERVAL="0.2",
-        PYTHONPATH=str(ROOT),
-        # Many tests change the site between runs on purpose (fewer pages, other sections), which
-        # the quality checks rightly call degraded; the exit status for that (3, the default) is
-        # tested where it is the subject (test_quality), with this key removed.
-        QUALITY_FAIL_EXIT="0",
-        SCHEDULER_SECRET=TEST_SCHEDULER_SECRET,
+@pytest.fixture
+def own_redis(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            "/usr/bin/redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp_path),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
     )
-    env.update(extra)
-    return env
+    client = redis.Redis(port=port)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    wait_for(answers, timeout=20, step=0.05)
+    yield client
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
-def scrapy_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scrapy", *args]
+# `make test-fast` runs the tests that start no process (no crawl, no command, no server of their
+# own): a test is marked `process` when its body, or a fixture it asks for, starts one.
+_PROCESS_CALLS = (
+    "run_scrapy",
+    "start_crawl",
+    "crawl(",
+    "Popen",
+    "subprocess.run",
+    "LocalCluster",
+    "Stoppable",
+    "ensure_binary",
+    "Logged(",
+    "scrapyd",
+    "_run(",
+)
+_PROCESS_FIXTURES = {"own_redis", "s3_server", "postgres", "redis_server", "cluster", "small_disk", "read_only_folder"}
 
 
-def run_scrapy(env: dict[str, str], *args: str, timeout: float = 180, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run a scrapy command as a real process in the project folder."""
-    return subprocess.run(scrapy_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "process: starts a process (a crawl, a command, a server); not in test-fast")
 
 
-def assert_each_product_stored_or_rejected_once(query: Any, catalog: Catalog) -> None:
-    """Every valid product is exactly one row; every broken one is in ``rejects`` (from each of
-    its pages when it has no canonical URL); nothing else. *query* runs SQL on the crawl's database."""
-    rows = query("SELECT sku, count(*) FROM products GROUP BY sku")
-    assert all(n == 1 for _, n in rows), [r for r in rows if r[1] != 1]
-    assert {sku for sku, _ in rows} == {p.sku for p in catalog.valid_products()}
-    rejected = {
-        int(m)
-        for (url,) in query("SELECT DISTINCT url FROM rejects")
-        for m in re.findall(r"/p/(\d+)\.html$", url or "")
-    }
-    assert rejected == {p.id for p in catalog.broken_products()}
+def _starting_process(module: Any) -> set[str]:
+    """Names of the module's functions (and fixtures) that start a process, directly or through
+    one another."""
+    import inspect
+
+    sources = {}
+    for name, value in vars(module).items():
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == module.__name__:
+            try:
+                sources[name] = inspect.getsource(value)
+            except (OSError, TypeError):
+                pass
+    starting = {n for n, src in sources.items() if any(call in src for call in _PROCESS_CALLS)}
+    while True:
+        more = {n for n, src in sources.items() if n not in starting and any(f"{s}(" in src for s in starting)}
+        if not more:
+            return starting
+        starting |= more
 
 
-def project_with_spider(tmp_path: Path, module: str, code: str) -> Path:
-    """A copy of the project with one more spider module, run as a user's project would be."""
-    project = tmp_path / "project"
-    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "scrapy.cfg", project)
-    (project / "scraper" / "spiders" / f"{module}.py").write_text(code)
-    return project
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import inspect
 
-
-def crawl(services: Services, site: DemoSite, spider: str = "demo", **extra: str) -> subprocess.CompletedProcess:
-    result = run_scrapy(crawl_env(services, DEMO_SITE_URL=site.url, **extra), "crawl", spider)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    return result
-
-
-def run_scrapy_many(
-    env: dict[str, str], *commands: tuple[str, ...], timeout: float = 180, cwd: Path = ROOT
-) -> list[subprocess.CompletedProcess]:
-    """Run independent scrapy commands as concurrent processes; results in the same order."""
-    procs = [
-        subprocess.Popen(scrapy_cmd(*args), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for args in commands
-    ]
-    results = []
-    for args, proc in zip(commands, procs):
-        out, err = proc.communicate(timeout=timeout)
-        results.append(subprocess.CompletedProcess(scrapy_cmd(*args), proc.returncode, out, err))
-    return results
+    by_module: dict[str, set[str]] = {}
+    for item in items:
+        function = getattr(item, "function", None)
+        module = getattr(item, "module", None)
+        if function is None or module is None:
+            continue
+        if module.__name__ not in by_module:
+            by_module[module.__name__] = _starting_process(module)
+        starting = by_module[module.__name__]
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            source = ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (
+            any(call in source for call in _PROCESS_CALLS)
+            or any(f"{name}(" in source for name in starting)
+            or fixtures & (_PROCESS_FIXTURES | starting)
+        ):
+            item.add_marker(pytest.mark.process)

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tools import ensure_binary
+from support.binaries import ensure_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "monitoring"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import ROOT, crawl, crawl_env, run_scrapy
+from support.crawls import ROOT, crawl, crawl_env, run_scrapy
 
 from scraper.scraping_api.standin import StandIn
 
@@ -315,7 +315,7 @@ def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(cle
     assert result.stderr.count("Archive stopped:") == 1, result.stderr[-3000:]
     assert "No space left on device" in result.stderr
     assert "flush of closed file" not in result.stderr
-    from conftest import assert_each_product_stored_or_rejected_once
+    from support.crawls import assert_each_product_stored_or_rejected_once
 
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)  # the crawl itself lost nothing
     not_archived = int(result.stderr.split("'archive/not_archived': ")[1].split(",")[0].split("}")[0])
@@ -363,7 +363,7 @@ def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_ar
         timeout=120,
     )
     assert again.returncode == 0 and "Spider closed (finished)" in again.stderr, again.stderr[-3000:]
-    from conftest import assert_each_product_stored_or_rejected_once
+    from support.crawls import assert_each_product_stored_or_rejected_once
 
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
     product_pages = {f"{site.origin}{path}" for path in site.catalog.pages() if "/p/" in path}
@@ -400,7 +400,7 @@ def test_a_read_only_archive_folder_stops_archiving_loudly_and_the_crawl_goes_on
     log = result.stderr
     assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
     assert log.count("Archive stopped:") == 1 and "Read-only file system" in log, log[-3000:]
-    from conftest import assert_each_product_stored_or_rejected_once
+    from support.crawls import assert_each_product_stored_or_rejected_once
 
     assert_each_product_stored_or_rejected_once(clean.query, site.catalog)
     pages = int(re.search(r"'response_received_count': (\d+)", log).group(1))
@@ -426,7 +426,7 @@ def test_a_bucket_that_stops_answering_stops_archiving_loudly_and_never_hangs(cl
             CONCURRENT_REQUESTS="2",
             **S3_ENV,
         )
-        from test_metrics import start_crawl, wait_for
+        from support.processes import start_crawl, wait_for
 
         started = time.monotonic()
         worker = start_crawl(env)
@@ -438,6 +438,6 @@ def test_a_bucket_that_stops_answering_stops_archiving_loudly_and_never_hangs(cl
         assert log.count("Archive stopped:") == 1, log[-3000:]
         assert int(re.search(r"'archive/not_archived': (\d+)", log).group(1)) > 0, log[-3000:]
         assert took < 150, took
-        from conftest import assert_each_product_stored_or_rejected_once
+        from support.crawls import assert_each_product_stored_or_rejected_once
 
         assert_each_product_stored_or_rejected_once(clean.query, site.catalog)

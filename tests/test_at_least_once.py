@@ -9,8 +9,15 @@ import time
 from pathlib import Path
 
 import psycopg2
-from conftest import assert_each_product_stored_or_rejected_once, crawl, crawl_env, project_with_spider, run_scrapy
-from test_metrics import start_crawl, stat, wait_for
+from support.crawls import (
+    assert_each_product_stored_or_rejected_once,
+    crawl,
+    crawl_env,
+    project_with_spider,
+    run_scrapy,
+)
+from support.processes import start_crawl, wait_for
+from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import signing

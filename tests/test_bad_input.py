@@ -14,7 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import crawl_env, run_scrapy
+from support.crawls import crawl_env, run_scrapy
 
 PRODUCT = {
     "@context": "https://schema.org",

@@ -12,10 +12,10 @@ import time
 import pytest
 import redis
 import scrapy
-from conftest import crawl, crawl_env, run_scrapy
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
-from test_config_errors import check_one_line_error
+from support.crawls import crawl, crawl_env, run_scrapy
+from support.errors import check_one_line_error
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import shutil
 
-from conftest import crawl_env
-from test_metrics import start_crawl, stat, wait_for
+from support.crawls import crawl_env
+from support.processes import start_crawl, wait_for
+from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import socket
 
-from conftest import crawl_env, run_scrapy
-
-CANARY = "canaryPass7731"
+from support.crawls import crawl_env, run_scrapy
+from support.errors import CANARY, check_one_line_error
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def check_one_line_error(result, setting: str) -> str:
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith(f"error: {setting}:"), result.stderr[-2000:]
-    assert CANARY not in result.stderr + result.stdout
-    return lines[0]
 
 
 def test_unreachable_redis(services) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import socket
 
-from conftest import crawl_env, project_with_spider, run_scrapy
+from support.crawls import crawl_env, project_with_spider, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -9,7 +9,7 @@ import os
 import re
 import stat
 
-from conftest import crawl_env, run_scrapy, run_scrapy_many
+from support.crawls import crawl_env, run_scrapy, run_scrapy_many
 
 from scraper.demo_site import Catalog
 

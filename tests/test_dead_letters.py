@@ -8,7 +8,7 @@ import socket
 
 import redis
 import scrapy
-from conftest import crawl_env, project_with_spider, run_scrapy
+from support.crawls import crawl_env, project_with_spider, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 
@@ -73,8 +73,8 @@ def test_a_dead_letter_redis_cannot_take_is_delivered_again(clean, tmp_path) -> 
     """A request that should become a dead letter while Redis is down is not lost: its lease is
     abandoned (neither acknowledged nor renewed), runs out, and the request is queued again."""
     from scrapy.utils.test import get_crawler
-    from test_metrics import wait_for
-    from test_redis_trouble import StoppableRedis
+    from support.processes import wait_for
+    from support.servers import StoppableRedis
 
     from scraper.middlewares.dead_letters import bury
     from scraper.node.scheduler import SharedScheduler

@@ -12,11 +12,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
 from scrapy import Request
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
-from test_metrics import wait_for
+from support.crawls import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
+from support.processes import wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.processing import entry
@@ -332,7 +332,7 @@ def test_a_bad_processing_setting_fails_at_start_naming_it(clean, name: str, val
 
 
 def test_a_database_outage_pauses_processors_not_fetchers(clean, tmp_path: Path) -> None:
-    from test_storage_outage import StoppablePostgres
+    from support.servers import StoppablePostgres
 
     postgres = StoppablePostgres(tmp_path / "pg")
     limit = 30

@@ -83,8 +83,8 @@ def test_a_batch_larger_than_the_script_limit_is_split_and_every_claim_answered(
 def test_under_another_twisted_reactor_claims_go_from_a_worker_thread_with_the_same_outcome(
     clean, site, catalog
 ) -> None:
-    from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
-    from test_metrics import stat
+    from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+    from support.stats import stat
 
     result = run_scrapy(
         crawl_env(clean, DEMO_SITE_URL=site.url),

@@ -7,7 +7,7 @@ product must be stored with its exact amount, currency and date.
 
 from __future__ import annotations
 
-from conftest import crawl_env, run_scrapy
+from support.crawls import crawl_env, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.demo_site.sections import SECTIONS

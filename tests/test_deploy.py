@@ -29,8 +29,8 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import psutil
 import pytest
 import yaml
-from conftest import ROOT, TEST_SCHEDULER_SECRET, Services
-from tools import ensure_binary
+from support.binaries import ensure_binary
+from support.crawls import ROOT, TEST_SCHEDULER_SECRET, Services
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn

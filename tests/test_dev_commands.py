@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from conftest import ROOT, crawl_env, run_scrapy, run_scrapy_many
+from support.crawls import ROOT, crawl_env, run_scrapy, run_scrapy_many
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import crawl
+from support.crawls import crawl
 
 from scraper.demo_site import DemoSite
 

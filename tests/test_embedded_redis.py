@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import redis
-from test_redis_trouble import StoppableRedis
+from support.servers import StoppableRedis
 
 from scraper.redis_client import register_script
 from scraper.scraping_api.budget import SharedBudget

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import ROOT, project_with_spider, scrapy_cmd
-from test_metrics import wait_for
+from support.crawls import ROOT, project_with_spider, scrapy_cmd
+from support.processes import wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -10,7 +10,7 @@ lets the crawl reach its own shop on 127.0.0.1 alone); its hit counter must stay
 from __future__ import annotations
 
 import scrapy
-from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import keys, signing
@@ -54,7 +54,7 @@ def test_planted_entries_are_not_fetched_and_become_dead_letters(clean) -> None:
 
 
 def test_placeholder_passwords_and_bad_networks_fail_at_start_by_name(services) -> None:
-    from test_config_errors import check_one_line_error
+    from support.errors import check_one_line_error
 
     env = crawl_env(services, REDIS_URL="redis://:change-me@127.0.0.1:6379/0")
     line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "REDIS_URL")

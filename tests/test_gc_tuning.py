@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import crawl, crawl_env, run_scrapy
+from support.crawls import crawl, crawl_env, run_scrapy
 
 
 def _gc_stats(result) -> tuple[int, int, int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import crawl_env, run_scrapy
+from support.crawls import crawl_env, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 

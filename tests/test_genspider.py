@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from conftest import ROOT, crawl_env, run_scrapy
+from support.crawls import ROOT, crawl_env, run_scrapy
 
 
 def test_product_template_makes_a_spider_the_project_can_run(services, tmp_path) -> None:

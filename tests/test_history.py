@@ -8,7 +8,7 @@ from datetime import UTC
 
 import psycopg2
 import pytest
-from test_storage import COLUMNS, Gadget, row
+from support.storage_items import COLUMNS, Gadget, row
 
 from scraper.storage import history, schema
 from scraper.storage.upsert import Row, TableUpserter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from conftest import crawl, crawl_env, run_scrapy
+from support.crawls import crawl, crawl_env, run_scrapy
 
 
 def test_reprice_then_remove_products_history_and_gone(clean, site) -> None:

@@ -253,7 +253,7 @@ def test_scrapy_parse_with_pipelines_rejects_an_exponent_with_its_reason(service
     import http.server
     import threading
 
-    from conftest import crawl_env, run_scrapy
+    from support.crawls import crawl_env, run_scrapy
 
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "1.html").write_text(

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
-from test_metrics import start_crawl, wait_for
-from test_redis_refusing_writes import own_redis  # noqa: F401  (the fixture)
+from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+from support.processes import start_crawl, wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -3,74 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, crawl_env, scrapy_cmd
-from tools import ensure_binary
+from support.binaries import ensure_binary
+from support.crawls import crawl_env
+from support.processes import fetch, free_port, prometheus_ready, start_crawl, wait_for
+from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
 
 CANARY = "Canary-metrics-5521"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
-
-
-def wait_for(predicate, timeout: float = 30.0, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
-
-
-def stat(log: str, name: str) -> float:
-    match = re.search(rf"'{re.escape(name)}': ([\d.]+)", log)
-    return float(match.group(1)) if match else 0.0
-
-
-class Crawl:
-    """A crawl process whose log goes to a file: a pipe nobody reads would stall it."""
-
-    def __init__(self, env: dict[str, str], *args: str, spider: str = "demo", cwd: Path = ROOT) -> None:
-        self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            scrapy_cmd("crawl", spider, *args), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True
-        )
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    def communicate(self, timeout: float) -> tuple[str, str]:
-        self.proc.wait(timeout=timeout)
-        self.log.seek(0)
-        text = self.log.read()
-        self.log.close()
-        return "", text
-
-
-def start_crawl(env: dict[str, str], *args: str, spider: str = "demo", cwd: Path = ROOT) -> Crawl:
-    return Crawl(env, *args, spider=spider, cwd=cwd)
 
 
 @pytest.fixture
@@ -191,7 +139,7 @@ def test_prometheus_scrapes_a_crawl_and_its_counters_equal_scrapy_stats(clean, t
     # Prometheus applies newly discovered targets every 5 s: the crawl must outlast that.
     slow_site = DemoSite(Catalog(products=150), delay_ms=250).start()
     try:
-        wait_for(lambda: _ready(prom_port), timeout=60)
+        wait_for(lambda: prometheus_ready(prom_port), timeout=60)
         env = crawl_env(
             clean,
             DEMO_SITE_URL=slow_site.url,
@@ -234,10 +182,3 @@ def test_prometheus_scrapes_a_crawl_and_its_counters_equal_scrapy_stats(clean, t
         slow_site.stop()
         server.terminate()
         server.wait(timeout=30)
-
-
-def _ready(port: int) -> bool:
-    try:
-        return "Ready" in fetch(f"http://127.0.0.1:{port}/-/ready")
-    except OSError:
-        return False

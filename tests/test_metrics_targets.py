@@ -9,9 +9,11 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from conftest import crawl_env, run_scrapy
-from test_metrics import _ready, fetch, free_port, start_crawl, stat, wait_for
-from tools import ensure_binary
+from support.binaries import ensure_binary
+from support.crawls import crawl_env, run_scrapy
+from support.processes import fetch, free_port, start_crawl, wait_for
+from support.processes import prometheus_ready as _ready
+from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import psycopg2
 import pytest
-from conftest import ROOT
+from support.crawls import ROOT
 
 from scraper.cleaning import read_price
 from scraper.cleaning.currency import currency_of, minor_units, territory_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from conftest import crawl_env, run_scrapy, run_scrapy_many
+from support.crawls import crawl_env, run_scrapy, run_scrapy_many
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import signing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from conftest import ROOT, crawl, crawl_env, scrapy_cmd
+from support.crawls import ROOT, crawl, crawl_env, scrapy_cmd
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, crawl_env, run_scrapy
 from scrapy.settings import Settings
-from test_config_errors import check_one_line_error
-from test_metrics import start_crawl, stat
+from support.crawls import ROOT, crawl_env, run_scrapy
+from support.errors import check_one_line_error
+from support.processes import start_crawl
+from support.stats import stat
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite

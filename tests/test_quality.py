@@ -12,9 +12,9 @@ import json
 import re
 import socket
 
-from conftest import crawl_env, run_scrapy
-from test_config_errors import check_one_line_error
-from test_metrics import fetch, start_crawl, wait_for
+from support.crawls import crawl_env, run_scrapy
+from support.errors import check_one_line_error
+from support.processes import fetch, start_crawl, wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from conftest import crawl_env, run_scrapy, run_scrapy_many
+from support.crawls import crawl_env, run_scrapy, run_scrapy_many
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import crawl_env, run_scrapy
-from test_metrics import start_crawl, wait_for
+from support.crawls import crawl_env, run_scrapy
+from support.processes import start_crawl, wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 

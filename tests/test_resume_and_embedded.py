@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import psycopg2
-from conftest import ROOT, crawl, crawl_env, run_scrapy, scrapy_cmd
 from scrapy.settings import Settings
+from support.crawls import ROOT, crawl, crawl_env, run_scrapy, scrapy_cmd
 
 from scraper import backends
 from scraper.demo_site import Catalog, DemoSite

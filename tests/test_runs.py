@@ -9,8 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, scrapy_cmd
-from test_metrics import start_crawl, stat, wait_for
+from support.crawls import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, scrapy_cmd
+from support.processes import start_crawl, wait_for
+from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 

@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import ROOT, crawl_env, run_scrapy, scrapy_cmd
+from support.crawls import ROOT, crawl_env, run_scrapy, scrapy_cmd
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import STANDIN_HEADER, StandIn

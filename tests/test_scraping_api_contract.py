@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import Services, crawl_env, project_with_spider, run_scrapy
+from support.crawls import Services, crawl_env, project_with_spider, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import COUNTRY_HEADER, StandIn

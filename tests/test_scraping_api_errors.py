@@ -21,7 +21,7 @@ from typing import Any
 
 import pgserver
 import pytest
-from conftest import (
+from support.crawls import (
     ROOT,
     Services,
     assert_each_product_stored_or_rejected_once,

@@ -13,9 +13,9 @@ import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from conftest import ROOT
 from scrapy.http import Headers
 from scrapy.settings import Settings
+from support.crawls import ROOT
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite

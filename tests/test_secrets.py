@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from conftest import crawl_env, run_scrapy
+from support.crawls import crawl_env, run_scrapy
 
 from scraper.demo_site import DemoSite
 

@@ -8,29 +8,12 @@ from decimal import Decimal
 import psycopg2
 import pytest
 from scrapy import Field
+from support.storage_items import COLUMNS, Gadget, row
 
 from scraper.items.base import StoredItem
 from scraper.storage import history, schema
 from scraper.storage.upsert import Row, TableUpserter
 from scraper.storage.writer import Pending, PostgresWriter
-
-
-class Gadget(StoredItem):
-    table = "gadgets"
-    key = ("shop", "code")
-    shop = Field(sql="text")
-    code = Field(sql="text")
-    name = Field(sql="text")
-    price = Field(sql="numeric(8,2)")
-    seen = Field(sql="timestamptz")
-
-
-COLUMNS = list(Gadget.columns())
-
-
-def row(code: str, name: str, price: str = "1.00") -> Row:
-    values = {"shop": "s", "code": code, "name": name, "price": Decimal(price), "seen": None}
-    return Row(key=("s", code), values=values)
 
 
 @pytest.fixture

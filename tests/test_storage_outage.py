@@ -9,49 +9,15 @@ from __future__ import annotations
 
 import signal
 import time
-import warnings
 from pathlib import Path
-from typing import Any
 
 import psycopg2
 import pytest
-from conftest import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
-from test_metrics import start_crawl, wait_for
+from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+from support.processes import start_crawl, wait_for
+from support.servers import StoppablePostgres
 
 from scraper.demo_site import Catalog, DemoSite
-
-
-class StoppablePostgres:
-    def __init__(self, folder: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-
-        self.server: Any = pgserver.get_server(folder, cleanup_mode="delete")
-        self.url = self.server.get_uri()
-
-    def stop(self) -> None:
-        from pgserver._commands import pg_ctl
-
-        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user, timeout=30)
-
-    def start(self) -> None:
-        self.server.ensure_postgres_running()
-
-    def query(self, sql: str) -> list[tuple]:
-        conn = psycopg2.connect(self.url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-                return cur.fetchall()
-        finally:
-            conn.close()
-
-    def count(self, table: str) -> int:
-        try:
-            return self.query(f"SELECT count(*) FROM {table}")[0][0]
-        except psycopg2.Error:
-            return 0  # not created yet
 
 
 @pytest.fixture

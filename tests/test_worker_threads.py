@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from support.crawls import ROOT
 
 _SCRIPT = textwrap.dedent(
     """

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import redis
-from tools import ensure_binary
+
+from .binaries import ensure_binary
 
 
 def _free_base(count: int) -> int:
