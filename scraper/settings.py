@@ -138,7 +138,13 @@ SPIDER_CONTRACTS = {
     "scraper.contracts.ScrapesContract": 3,
 }
 
+# One page, one identity (scraper/identity): the fingerprint of the URL without its trackers,
+# session id and fragment, and of the page a known alias names.
+REQUEST_FINGERPRINTER_CLASS = "scraper.identity.fingerprint.IdentityFingerprinter"
+
 SPIDER_MIDDLEWARES = {
+    # Learns aliases from canonical links, and gives the items their page's canonical URL.
+    "scraper.identity.canonical.CanonicalMiddleware": 890,
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,
     # Closest to the spider: the first to see a callback's exception.
     "scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware": 950,

@@ -164,6 +164,14 @@ _ALL: list[Setting] = [
             "(empty with the embedded Redis: loopback allowed).",
         ),
         (
+            "URL_DROP_PARAMS",
+            "list",
+            "",
+            "Query parameters that never select content, dropped from every URL (fingerprint and stored "
+            "URLs) on top of the known trackers; a spider adds its own (`url_drop_params`) or keeps one "
+            "(`url_keep_params`).",
+        ),
+        (
             "DLQ_CALLBACK_RETRIES",
             "int",
             1,

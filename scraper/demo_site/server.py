@@ -149,10 +149,14 @@ class DemoSite:
         delay_ms: int = 0,
         break_layout: float = 0.0,
         crawl_delay: float = 0.0,
+        tracking: bool = False,
     ) -> None:
         self.host = host
         # Announced in robots.txt (``Crawl-delay``), for every user agent; 0: none.
         self.crawl_delay = crawl_delay
+        # Listing pages link each product twice, as shops that track clicks do: once with campaign
+        # parameters and a click id, once with a session id in the path too (see tracked_links).
+        self.tracking = tracking
         self.delay = max(0, delay_ms) / 1000
         self._requested_port = port
         # The share of product pages in a new layout (see layout.py); 0 serves the shop as is.
@@ -234,7 +238,12 @@ class DemoSite:
         """What the server answers for ``path`` (before Host substitution)."""
         if self.crawl_delay and path == "/robots.txt":
             return pages.render_robots(self.crawl_delay)
-        return self._renderer.page(path, query)
+        if ";" in path:
+            path = _SESSION_IN_PATH.sub("", path)  # a session id in the path names no other page
+        page = self._renderer.page(path, query)
+        if self.tracking and path.startswith("/c/") and "/p/" not in path and page.status == 200:
+            return tracked_links(page, path, query)
+        return page
 
     def reprice(self, count: int) -> list[int]:
         """Serve the catalog with ``count`` products repriced; returns their ids."""
@@ -331,6 +340,35 @@ class DemoSite:
             self._stats.clear()
             self._arrivals.clear()
             self._max_in_flight = self._in_flight
+
+
+_SESSION_IN_PATH = re.compile(r";jsessionid=[^/?#;]*", re.IGNORECASE)
+_PRODUCT_HREF = re.compile(rb'href="(/c/[a-z0-9-]+/p/\d+\.html)"')
+
+
+def tracked_links(page: Page, path: str, query: str) -> Page:
+    """A listing page whose product links carry what click-tracking shops add: campaign
+    parameters and a click id that differ by listing page, and a second link per product with a
+    session id in the path. The same product page, reached by many URLs."""
+    tag = f"{path.strip('/').replace('/', '-')}-{query or 'p1'}".encode()
+
+    def two_links(match: re.Match[bytes]) -> bytes:
+        href = match.group(1)
+        first = href + b"?utm_source=listing&utm_medium=" + tag + b"&gclid=" + tag
+        second = href + b";jsessionid=" + tag + b"?utm_campaign=title&fbclid=" + tag
+        return b'href="' + first + b'" data-also="' + second + b'"'
+
+    body = _PRODUCT_HREF.sub(two_links, page.body)
+    body = body.replace(
+        b"</main>",
+        b"".join(
+            b'<a class="product-link also" href="' + m.group(1) + b'">again</a>\n'
+            for m in re.finditer(rb'data-also="([^"]+)"', body)
+        )
+        + b"</main>",
+        1,
+    )
+    return Page(page.status, page.content_type, body, page.headers)
 
 
 # What a bot wall answers a client it takes for a robot (the markers scrapers look for).

@@ -133,6 +133,11 @@ def run_quality_key(spider_name: str, run_id: int) -> str:
     return f"{run_key(spider_name)}:{run_id}:quality"
 
 
+def aliases_key(spider_name: str) -> str:
+    """URL -> the canonical URL of the page it is, learnt from canonical links; kept across runs."""
+    return f"{prefix(spider_name)}:aliases"
+
+
 def budget_keys(spider_name: str) -> list[str]:
     """The run's scraping-API budget: spent, and the reservations of calls in flight."""
     base = budget_base_key(spider_name)

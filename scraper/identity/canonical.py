@@ -1,0 +1,145 @@
+"""A page's canonical link: the item's URL, and an alias the fleet remembers.
+
+For each HTML page, a same-host ``<link rel="canonical">`` names the page the response is: the
+page's URL (after the spider's URL policy) becomes an alias of it (:mod:`.aliases`), shared with
+the fleet in Redis, so the next run fetches the page once whatever path leads to it. Every URL
+field of the page's items loses its trackers and session id (:mod:`.policy`), and an item whose
+``url`` is the page's own takes the canonical URL: a stored URL changes only when the page's
+canonical URL does, never because the links were found in another order.
+
+The link is found with a byte search over the head of the body (no parse: ~2 µs a page). A
+canonical link to another host is not followed (a CDN or a syndication partner is not the page).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.http import TextResponse
+
+from ..items.base import StoredItem
+from ..queue.keys import aliases_key
+from ..redis_client import UNREACHABLE, get_redis
+from ..shared_state import is_crawl_node
+from .fingerprint import IdentityFingerprinter
+
+logger = logging.getLogger(__name__)
+
+_HEAD = 65536
+_LINK = re.compile(rb"<link\b[^>]*?\brel\s*=\s*[\"']?canonical\b[^>]*>", re.IGNORECASE)
+_HREF = re.compile(rb"\bhref\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'>]+))", re.IGNORECASE)
+
+
+def canonical_link(response: Any) -> str | None:
+    """The absolute URL of *response*'s same-host canonical link, or None."""
+    if not isinstance(response, TextResponse):
+        return None
+    head = response.body[:_HEAD]
+    if b"canonical" not in head and b"CANONICAL" not in head:
+        return None
+    tag = _LINK.search(head)
+    if tag is None:
+        return None
+    href = _HREF.search(tag.group(0))
+    if href is None:
+        return None
+    raw = next(g for g in href.groups() if g is not None).strip()
+    if not raw:
+        return None
+    url = urljoin(response.url, raw.decode(response.encoding or "utf-8", "replace").replace("&amp;", "&"))
+    try:
+        own, found = urlsplit(response.url), urlsplit(url)
+    except ValueError:
+        return None
+    if found.scheme not in ("http", "https") or (found.hostname or "") != (own.hostname or ""):
+        return None
+    return url
+
+
+class CanonicalMiddleware:
+    def __init__(self, crawler: Any, fingerprinter: IdentityFingerprinter) -> None:
+        self.crawler = crawler
+        self.fingerprinter = fingerprinter
+        self.stats = crawler.stats
+        self.server: Any = None
+        self.key = ""
+        self._url_fields: dict[type, tuple[str, ...]] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> CanonicalMiddleware:
+        fingerprinter = crawler.request_fingerprinter
+        if not isinstance(fingerprinter, IdentityFingerprinter):
+            raise NotConfigured("REQUEST_FINGERPRINTER_CLASS is not the identity fingerprinter")
+        mw = cls(crawler, fingerprinter)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        return mw
+
+    def spider_opened(self, spider: Any) -> None:
+        if not is_crawl_node(self.crawler.settings) or not self.crawler.settings.get("REDIS_URL"):
+            return  # a developer command: what it learns stays in memory
+        self.server = get_redis(self.crawler.settings["REDIS_URL"])
+        self.key = aliases_key(spider.name)
+        try:
+            loaded = self.fingerprinter.aliases.load(self.server, self.key)
+        except UNREACHABLE as exc:
+            logger.warning("Could not read the aliases learnt by earlier runs (%s): this run learns them again", exc)
+            return
+        if loaded:
+            logger.info(
+                "%d URL aliases learnt from canonical links in earlier runs: each is fetched as its page", loaded
+            )
+        self.stats.set_value("identity/aliases_known", loaded)
+
+    def _learn(self, response: Any) -> str | None:
+        """The page's canonical URL (or None), recorded as the identity of the page's URL."""
+        canonical = canonical_link(response)
+        if canonical is None:
+            return None
+        canonical = self.fingerprinter.policy.apply(canonical)
+        own = self.fingerprinter.policy.apply(response.url)
+        if own != canonical and self.fingerprinter.aliases.learn(own, canonical):
+            self.stats.inc_value("identity/aliases_learnt")
+            if self.server is not None:
+                try:
+                    self.server.hset(self.key, own, canonical)
+                except UNREACHABLE:
+                    pass  # this node knows it; the next run learns it again
+        return canonical
+
+    def _fields(self, item: StoredItem) -> tuple[str, ...]:
+        found = self._url_fields.get(type(item))
+        if found is None:
+            found = tuple(name for name, meta in item.fields.items() if meta.get("clean") == "url")
+            self._url_fields[type(item)] = found
+        return found
+
+    def _fix(self, obj: Any, response: Any, canonical: str | None) -> None:
+        if not isinstance(obj, StoredItem):
+            return
+        policy = self.fingerprinter.policy
+        for name in self._fields(obj):
+            value = obj.get(name)
+            if not isinstance(value, str):
+                continue
+            if name == "url" and canonical is not None and value in (response.url, policy.apply(response.url)):
+                obj[name] = canonical
+            else:
+                obj[name] = policy.apply(value)
+
+    def process_spider_output(self, response: Any, result: Iterable[Any]) -> Iterable[Any]:
+        canonical = self._learn(response)
+        for obj in result:
+            self._fix(obj, response, canonical)
+            yield obj
+
+    async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        canonical = self._learn(response)
+        async for obj in result:
+            self._fix(obj, response, canonical)
+            yield obj

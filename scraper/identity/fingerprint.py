@@ -1,0 +1,53 @@
+"""The request fingerprint of a page's identity, not of the link that happened to reach it.
+
+Scrapy's fingerprint (method, canonical URL, body) of the URL after the spider's URL policy
+(:mod:`.policy`) and after the aliases learnt from canonical links (:mod:`.aliases`): every link
+to one page, whatever trackers, session id or known alias it carries, is one request to the
+seen-set, so the page is fetched once per run. A URL with nothing to drop and no alias is
+fingerprinted exactly as Scrapy's default does (the seen-sets of earlier versions stay valid).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
+
+from .aliases import Aliases
+from .policy import UrlPolicy, policy_for
+
+
+class IdentityFingerprinter:
+    def __init__(self, crawler: Any = None) -> None:
+        self.crawler = crawler
+        self._default = RequestFingerprinter(crawler)
+        self._policy: UrlPolicy | None = None
+        self.aliases = Aliases()
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> IdentityFingerprinter:
+        return cls(crawler)
+
+    @property
+    def policy(self) -> UrlPolicy:
+        # The spider's policy: the fingerprinter is built before the spider, and used after.
+        if self._policy is None:
+            spider = getattr(self.crawler, "spider", None) if self.crawler is not None else None
+            settings = self.crawler.settings if self.crawler is not None else {}
+            policy = policy_for(settings, spider)
+            if spider is None:
+                return policy
+            self._policy = policy
+        return self._policy
+
+    def identity(self, url: str) -> str:
+        """The URL of the page *url* names: policy applied, then a known alias resolved."""
+        url = self.policy.apply(url)
+        return self.aliases.resolve(url)
+
+    def fingerprint(self, request: Request) -> bytes:
+        url = self.identity(request.url)
+        if url != request.url:
+            request = request.replace(url=url)
+        return self._default.fingerprint(request)
