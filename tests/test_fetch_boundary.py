@@ -63,12 +63,12 @@ def test_placeholder_passwords_and_bad_networks_fail_at_start_by_name(services) 
     check_one_line_error(run_scrapy(env, "crawl", "demo"), "FETCH_ALLOW_NETWORKS")
 
 
-def test_a_developer_command_fetches_the_developers_loopback_site_and_refuses_the_rest(services) -> None:
+def test_a_developer_command_fetches_the_developers_loopback_site_and_refuses_the_rest(clean) -> None:
     """`scrapy parse`/`fetch`/`shell` take no queue entry: the developer named the URL, so the shop on
     loopback is fetched with FETCH_ALLOW_NETWORKS unset; a metadata address is refused cleanly, with
     no dead letter (a developer command keeps none) and no traceback."""
     with DemoSite(Catalog(products=5)) as site:
-        env = crawl_env(services, DEMO_SITE_URL=site.url, FETCH_ALLOW_NETWORKS="")
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, FETCH_ALLOW_NETWORKS="")
         path = next(p for p in site.catalog.pages() if "/p/" in p)
         parsed = run_scrapy(env, "parse", "--spider", "demo", "-c", "parse_product", "--pipelines", site.origin + path)
         metadata = run_scrapy(env, "fetch", "--nolog", "http://169.254.169.254/latest/meta-data/")
@@ -77,4 +77,4 @@ def test_a_developer_command_fetches_the_developers_loopback_site_and_refuses_th
     assert "valid: a crawl would store it" in parsed.stdout + parsed.stderr, parsed.stdout[-2000:]
     assert "Traceback" not in metadata.stderr + log.stderr, log.stderr[-3000:]
     assert "169.254.169.254 is a non-public address" in log.stderr, log.stderr[-3000:]
-    assert services.redis().llen("{demo}:dead") == 0
+    assert clean.redis().llen("{demo}:dead") == 0

@@ -548,13 +548,19 @@ def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_n
     assert 0.1 <= rate <= 8 * 1.5, rate
 
 
-def test_a_bot_walls_403_challenge_is_a_throttle_answer_and_loses_no_page(clean) -> None:
+def test_a_bot_walls_403_challenge_slows_the_fleet_and_its_pages_wait_as_dead_letters(clean) -> None:
     catalog = Catalog(products=80)
     with DemoSite(catalog) as site:
         site.limit_rate(15, answer=403)  # past 15 requests/s: a captcha page with 403
         env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8")
+        started = time.monotonic()
         result = run_scrapy(env, "crawl", "demo")
+        took = time.monotonic() - started
         challenged = site.stats()["throttled"]
+        # The wall let up: the blocked pages are queued again, and the next run stores them.
+        site.limit_rate(0)
+        requeued = run_scrapy(env, "dlq", "requeue", "demo", "--reason", "blocked")
+        again = run_scrapy(env, "crawl", "demo")
         site.reset_stats()
         site.limit_rate(0.5, answer=403)
         off = run_scrapy(
@@ -566,10 +572,15 @@ def test_a_bot_walls_403_challenge_is_a_throttle_answer_and_loses_no_page(clean)
         )
     log = result.stderr
     assert result.returncode == 0 and "Traceback" not in log, log[-3000:]
-    valid_rows(clean, catalog)  # every page stored: each challenged one was tried again, slower
-    assert challenged > 0 and stat(log, "politeness/throttle_answers") == challenged, (challenged, log[-3000:])
-    assert "127.0.0.1 throttles the fleet (429/503)" in log
-    assert not stat(log, "dead_letters/count"), log[-3000:]
-    # With the pattern off, a 403 is a 403: never retried as throttled.
-    assert not stat(off.stderr, "politeness/throttle_answers"), off.stderr[-3000:]
+    assert challenged > 0 and stat(log, "politeness/challenge_answers") == challenged, (challenged, log[-3000:])
+    assert "127.0.0.1 throttles the fleet (429/503)" in log  # the fleet slowed down
+    # A wall may never let this client through: its pages are not retried for minutes, they wait
+    # as dead letters (robots.txt, a component's own request, is not one).
+    assert took < 60, took
+    assert challenged - 1 <= stat(log, "dead_letters/blocked") <= challenged, log[-3000:]
+    assert requeued.returncode == 0 and "requeued" in requeued.stdout, requeued.stdout + requeued.stderr
+    assert again.returncode == 0, again.stderr[-3000:]
+    valid_rows(clean, catalog)  # nothing lost: every blocked page stored once the wall let up
+    # With the pattern off, a 403 is a 403: no challenge, no slowing down.
+    assert not stat(off.stderr, "politeness/challenge_answers"), off.stderr[-3000:]
     assert stat(off.stderr, "downloader/response_status_count/403") >= 1, off.stderr[-3000:]

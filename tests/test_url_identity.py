@@ -4,6 +4,7 @@ the same URL whatever path it came by."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 
@@ -96,3 +97,12 @@ def test_tracked_links_and_aliases_fetch_each_product_once_and_store_one_url(cle
     assert clean.query("SELECT sku, url FROM products ORDER BY sku") == rows_first
     assert all(re.fullmatch(re.escape(origin) + r"/p/\d+\.html", url) for _, url in rows_first), rows_first[:3]
     assert stat(second.stderr, "postgres/updated") == 0, second.stderr[-2000:]
+    # The cost of each run's changes: every page of the first run paid for a new row; the
+    # recrawl captured no change (nothing changed), so it has no cost per change.
+    runs = run_scrapy(crawl_env(clean), "runs", "demo", "--json")
+    latest, earlier = (json.loads(line) for line in runs.stdout.splitlines()[:2])
+    assert earlier["changes"] == len(catalog.valid_products()) and latest["changes"] == 0, (earlier, latest)
+    assert earlier["pages_per_change"] == round(earlier["pages"] / earlier["changes"], 2)
+    assert latest["pages_per_change"] is None and latest["pages"] < earlier["pages"]
+    table = run_scrapy(crawl_env(clean), "runs", "demo")
+    assert "per chg" in table.stdout.splitlines()[0], table.stdout

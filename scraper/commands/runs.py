@@ -45,6 +45,8 @@ SHOWN = [
     ("dupes", "duplicates"),
     ("dead", "dead_letters"),
     ("credits", "api_credits"),
+    # Credits per change through a scraping API, else pages per change (the cost of a recrawl).
+    ("per chg", "per_change"),
     ("redeliv", "redeliveries"),
     ("throttled", "throttled"),
     ("unarchived", "not_archived"),
@@ -94,6 +96,24 @@ def merged_runs(server: Any, conn: Any, spiders: list[str], node_ttl: float, lim
             recorded.insert(0, current)
         rows.extend(sorted(recorded, key=lambda r: -r["run_id"])[:limit])
     return rows
+
+
+def cost(row: dict[str, Any]) -> dict[str, Any]:
+    """What the run's changes cost: changes captured (rows new or updated), and pages fetched and
+    scraping-API credits spent per change (None without a change)."""
+    changes = int(row.get("items_new") or 0) + int(row.get("items_updated") or 0)
+    pages, credits = float(row.get("pages") or 0), float(row.get("api_credits") or 0)
+    return {
+        "changes": changes,
+        "pages_per_change": round(pages / changes, 2) if changes else None,
+        "credits_per_change": round(credits / changes, 2) if changes and credits else None,
+    }
+
+
+def _per_change(row: dict[str, Any]) -> str:
+    """Credits per change through a scraping API, else pages per change; "-" without a change."""
+    value = row.get("credits_per_change") or row.get("pages_per_change")
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _took(row: dict[str, Any]) -> str:
@@ -168,6 +188,7 @@ class Command(ScrapyCommand):
             outcomes = {spider: quality_store.outcomes(conn, spider) for spider in spiders}
             for row in rows:
                 row["quality"] = outcomes[row["spider"]].get(row["run_id"], "")
+                row.update(cost(row))
         finally:
             conn.close()
         if opts.json:
@@ -187,6 +208,8 @@ class Command(ScrapyCommand):
             for _title, column in SHOWN:
                 if column == "took":
                     value: Any = _took(row)
+                elif column == "per_change":
+                    value = _per_change(row)
                 elif column == "started":
                     value = row["started"].astimezone().strftime("%m-%d %H:%M") if row.get("started") else ""
                 else:

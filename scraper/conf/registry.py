@@ -236,8 +236,8 @@ _ALL: list[Setting] = [
             "POLITENESS_BLOCK_PATTERN",
             "regex",
             None,
-            "A 403 whose body matches this regex (a bot wall's challenge) "
-            "is a throttle answer like a 429 (unset: common captcha markers; `off`: none).",
+            "A 403 whose body matches this regex (a bot wall's challenge) cuts the site's rate like a 429, "
+            "and its page becomes a `blocked` dead letter (unset: common captcha markers; `off`: none).",
         ),
         (
             "POLITENESS_THROTTLED_MAX_WAIT",

@@ -141,6 +141,16 @@ class CrawlSummary:
         values = stats.get_stats()
         run = f", run {values['run/id']} of {self.crawler.spider.name}" if values.get("run/id") else ""
         logger.info("Crawl summary (%s%s): %s", reason, run, summarize(values, now - self.started))
+        changes = int(values.get("postgres/inserted", 0)) + int(values.get("postgres/updated", 0))
+        if changes:
+            pages = values.get("response_received_count", 0)
+            credits = values.get("scraping_api/credits", 0)
+            logger.info(
+                "Cost: %d changes captured, %.1f pages%s per change",
+                changes,
+                pages / changes,
+                f" and {credits / changes:.1f} API credits" if credits else "",
+            )
         polite = politeness_line(values)
         if polite:
             logger.info("Politeness: %s", polite)

@@ -224,10 +224,12 @@ class PolitenessMiddleware:
         limit = self.policy.for_host(url.hostname or "")
         domain = limit.domain
         adaptive = self.policy.adaptive.enabled
-        if response.status in THROTTLE_STATUSES or (response.status == 403 and self._challenged(response)):
+        if response.status in THROTTLE_STATUSES:
             self._honour_retry_after(limit, response)
             if adaptive:
                 return self._throttled(request, response, limit)
+        elif response.status == 403 and adaptive and self._challenged(response):
+            return self._challenge(request, response, limit)
         elif adaptive:
             self._count(domain)
             if domain in self._rates:
@@ -290,15 +292,37 @@ class PolitenessMiddleware:
         since = time.monotonic() - 1.0
         return float(max(1, sum(1 for t in reversed(pace) if t >= since)))
 
-    def _throttled(self, request: Request, response: Response, limit: DomainLimit) -> Response | Request:
-        """The site throttled the fleet: slow its domain down for every node, and try the request
-        again at the slower rate, without spending its retry budget, for up to
-        ``POLITENESS_THROTTLED_MAX_WAIT``; past that it is a dead letter (``throttled``)."""
+    def _slow_down(self, limit: DomainLimit) -> None:
+        """Cut the site's rate for every node (see :mod:`.adaptive`)."""
         domain = limit.domain
         observed = self._accepted(domain)
         if domain not in self._rates:
             self._hold_first(domain, HOLD)
         self._forget(self._cut(domain, observed, self._ceiling(limit)), domain)
+
+    def _challenge(self, request: Request, response: Response, limit: DomainLimit) -> Response:
+        """A bot wall's challenge: the site says "too fast" as a 429 does, so the fleet slows down,
+        but a wall may never let this client through, so the page is not tried again here (that
+        could hold the crawl for ``POLITENESS_THROTTLED_MAX_WAIT`` a page): it is a ``blocked``
+        dead letter, for ``scrapy dlq requeue SPIDER --reason blocked`` once the wall lets up (or
+        for the scraping API's escalation, which sees the answer first when a route asks for it)."""
+        self._slow_down(limit)
+        self.stats.inc_value("politeness/challenge_answers")
+        if request.callback is NO_CALLBACK or request.meta.get("handle_httpstatus_all"):
+            return response
+        if response.status in (request.meta.get("handle_httpstatus_list") or ()):
+            return response
+        from ..middlewares.dead_letters import bury
+
+        bury(self.crawler, request, "blocked", int(request.meta.get(THROTTLED_TIMES, 0)) + 1)
+        raise IgnoreRequest(f"{limit.domain} answered a bot wall's challenge: set aside as a blocked dead letter")
+
+    def _throttled(self, request: Request, response: Response, limit: DomainLimit) -> Response | Request:
+        """The site throttled the fleet: slow its domain down for every node, and try the request
+        again at the slower rate, without spending its retry budget, for up to
+        ``POLITENESS_THROTTLED_MAX_WAIT``; past that it is a dead letter (``throttled``)."""
+        domain = limit.domain
+        self._slow_down(limit)
         self.stats.inc_value("politeness/throttle_answers")
         handled = request.meta.get("handle_httpstatus_list") or ()
         if (
