@@ -266,9 +266,11 @@ def test_reprocess_replays_every_good_record_of_a_damaged_file_and_names_the_bad
     folder = tmp_path / "archive"
     crawl(clean, site, ARCHIVE_URL=str(folder), ARCHIVE_FILE_SIZE="100000000")
     rows = clean.query(
-        "SELECT file, record_offset, record_length, target_url FROM archive_index "
-        "WHERE record_type = 'response' ORDER BY file, record_offset"
-    )
+        "SELECT file, record_offset, record_length, target_url FROM archive_index a "
+        "WHERE record_type = 'response' AND NOT EXISTS (SELECT 1 FROM archive_index r WHERE "
+        "r.record_type = 'revisit' AND r.payload_file = a.file AND r.payload_offset = a.record_offset) "
+        "ORDER BY file, record_offset"
+    )  # records no revisit reads its body from: one damaged record, one page skipped
     pages = clean.query("SELECT count(DISTINCT fingerprint) FROM archive_index")[0][0]
     # Two records in the middle of a file overwritten, as a bad sector or a torn copy would.
     by_file: dict[str, list] = {}
