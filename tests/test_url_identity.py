@@ -106,3 +106,22 @@ def test_tracked_links_and_aliases_fetch_each_product_once_and_store_one_url(cle
     assert latest["pages_per_change"] is None and latest["pages"] < earlier["pages"]
     table = run_scrapy(crawl_env(clean), "runs", "demo")
     assert "per chg" in table.stdout.splitlines()[0], table.stdout
+
+
+def test_the_identity_fingerprint_is_scrapys_of_the_identity_url() -> None:
+    from scrapy import Request
+    from scrapy.utils.request import RequestFingerprinter
+
+    from scraper.identity.fingerprint import IdentityFingerprinter
+
+    ours, scrapys = IdentityFingerprinter(), RequestFingerprinter()
+    ours.aliases.learn("https://s.test/c/a/p/1.html", "https://s.test/p/1.html")
+    for url, identity in [
+        ("https://s.test/p/2.html", "https://s.test/p/2.html"),
+        ("https://s.test/p/2.html?utm_source=x&b=2&a=1#f", "https://s.test/p/2.html?a=1&b=2"),
+        ("https://s.test/c/a/p/1.html?gclid=3", "https://s.test/p/1.html"),
+    ]:
+        for method, body in (("GET", b""), ("POST", b"q=1")):
+            request = Request(url, method=method, body=body)
+            expected = scrapys.fingerprint(Request(identity, method=method, body=body))
+            assert ours.fingerprint(request) == expected == ours.fingerprint(request), (url, method)
