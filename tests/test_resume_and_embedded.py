@@ -50,9 +50,11 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
 def test_finished_crawl_clears_its_seen_set_so_the_next_run_recrawls(clean, site: DemoSite) -> None:
     first = crawl(clean, site)
     assert "starting run 1 of demo" in first.stderr
-    # Only the run's record is left: state finished, and its figures for `scrapy runs`.
+    # Only the run's record is left: state finished, and its figures for `scrapy runs` (and the
+    # URL aliases learnt from canonical links, kept for the next runs).
     server = clean.redis()
     assert sorted(server.keys("{demo}:*")) == [
+        b"{demo}:aliases",
         b"{demo}:run",
         b"{demo}:run:1:figures",
         b"{demo}:run:1:marker",

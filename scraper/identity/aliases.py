@@ -3,8 +3,12 @@
 A product listed in two categories is reached at two paths; its page says which is its own
 (``<link rel="canonical">``, same host). No rule can tell that before the page is fetched, so the
 first run fetches each alias once and records it (``{<spider>}:aliases`` in Redis, shared by the
-fleet and kept across runs); from then on every alias has the canonical page's fingerprint, and
-the page is fetched once per run. A developer command keeps what it learns in memory only.
+fleet and kept across runs); from the next run on every alias has the canonical page's
+fingerprint, and the page is fetched once per run. An alias is not applied in the run that learnt
+it: the seen-set holds the fingerprint the alias had when it was fetched, and a fingerprint that
+changed mid-run would fetch the page again at its next link. Each entry says the run that learnt
+it (``"<run> <canonical URL>"``), so a node joining a run loads only what earlier runs learnt. A
+developer command keeps nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ MAX_ALIASES = 1_000_000
 
 class Aliases:
     def __init__(self) -> None:
-        self._known: dict[str, str] = {}
+        self._known: dict[str, str] = {}  # applied to fingerprints
+        self._noted: set[str] = set()  # learnt in this run: applied from the next one
 
     def __len__(self) -> int:
         return len(self._known)
@@ -35,12 +40,26 @@ class Aliases:
         self._known[alias] = canonical
         return True
 
-    def load(self, server: Any, key: str) -> int:
-        """Take in what the fleet learnt in earlier runs; returns how many."""
+    def note(self, alias: str, canonical: str) -> bool:
+        """*alias* -> *canonical*, seen in this run: True if neither known nor noted yet (so worth
+        recording for the next runs); not applied to this run's fingerprints."""
+        if alias == canonical or alias in self._noted or self._known.get(alias) == canonical:
+            return False
+        if len(self._noted) >= MAX_ALIASES:
+            return False
+        self._noted.add(alias)
+        return True
+
+    def load(self, server: Any, key: str, run_id: int | None) -> int:
+        """Take in what the fleet learnt in runs before *run_id*; returns how many."""
         count = 0
-        for alias, canonical in server.hscan_iter(key, count=1000):
+        current = None if run_id is None else str(run_id)
+        for alias, value in server.hscan_iter(key, count=1000):
             alias = alias.decode() if isinstance(alias, bytes) else alias
-            canonical = canonical.decode() if isinstance(canonical, bytes) else canonical
-            if self.learn(alias, canonical):
+            value = value.decode() if isinstance(value, bytes) else value
+            learnt_in, _, canonical = value.partition(" ")
+            if current is not None and learnt_in == current:
+                continue  # this run's own: applied from the next run
+            if self.learn(alias, canonical or learnt_in):
                 count += 1
         return count

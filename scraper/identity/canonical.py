@@ -30,6 +30,7 @@ from twisted.internet.task import LoopingCall
 from ..items.base import StoredItem
 from ..queue.keys import aliases_key
 from ..redis_client import UNREACHABLE, get_redis
+from ..runs_hook import current_run_id
 from ..shared_state import is_crawl_node
 from .fingerprint import IdentityFingerprinter
 
@@ -96,7 +97,7 @@ class CanonicalMiddleware:
         self.server = get_redis(self.crawler.settings["REDIS_URL"])
         self.key = aliases_key(spider.name)
         try:
-            loaded = self.fingerprinter.aliases.load(self.server, self.key)
+            loaded = self.fingerprinter.aliases.load(self.server, self.key, current_run_id(self.crawler))
         except UNREACHABLE as exc:
             logger.warning("Could not read the aliases learnt by earlier runs (%s): this run learns them again", exc)
             return
@@ -133,10 +134,11 @@ class CanonicalMiddleware:
             return None
         canonical = self.fingerprinter.policy.apply(canonical)
         own = self.fingerprinter.policy.apply(response.url)
-        if own != canonical and self.fingerprinter.aliases.learn(own, canonical):
+        if own != canonical and self.fingerprinter.aliases.note(own, canonical):
             self.stats.inc_value("identity/aliases_learnt")
             if self.server is not None:
-                self._unsent[own] = canonical
+                run_id = current_run_id(self.crawler)
+                self._unsent[own] = canonical if run_id is None else f"{run_id} {canonical}"
         return canonical
 
     def _fields(self, item: StoredItem) -> tuple[str, ...]:

@@ -129,3 +129,24 @@ def run_scrapy_many(
         out, err = proc.communicate(timeout=timeout)
         results.append(subprocess.CompletedProcess(scrapy_cmd(*args), proc.returncode, out, err))
     return results
+
+
+def assert_each_page_once(counts: dict[str, int], catalog: Catalog) -> None:
+    """A recrawl's fetches (path -> count, robots.txt left out): every listing page once, and every
+    product once under one of its paths. A product listed in several categories is one page, once
+    its canonical link taught the fleet the aliases (scraper.identity)."""
+    assert set(counts.values()) == {1}, {p: n for p, n in counts.items() if n != 1}
+    listings = {p for p in catalog.pages() if "/p/" not in p}
+    assert {p for p in counts if "/p/" not in p} == listings, sorted(listings ^ {p for p in counts if "/p/" not in p})
+    listed = [int(re.search(r"/p/(\d+)\.html$", p).group(1)) for p in catalog.pages() if "/p/" in p]
+    # A page with no canonical link (an empty body) teaches no alias: once per path it is listed at.
+    expected = sorted(
+        pid for pid in set(listed) for _ in range(listed.count(pid) if _no_canonical(catalog, pid) else 1)
+    )
+    fetched = sorted(int(re.search(r"/p/(\d+)\.html$", p).group(1)) for p in counts if "/p/" in p)
+    assert fetched == expected, sorted(set(expected) ^ set(fetched)) or [p for p in fetched if fetched.count(p) > 1]
+
+
+def _no_canonical(catalog: Catalog, product_id: int) -> bool:
+    product = catalog.product(product_id)
+    return product is not None and product.kind == "empty"
