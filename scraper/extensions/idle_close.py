@@ -15,6 +15,7 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider
 
+from ..adapters import engine
 from ..config import get_float
 
 logger = logging.getLogger(__name__)
@@ -58,16 +59,14 @@ class IdleClose:
             self._poke.cancel()
 
     def _scheduler(self) -> Any:
-        slot = getattr(self.crawler.engine, "_slot", None)
-        return getattr(slot, "scheduler", None)
+        return engine.scheduler(self.crawler)
 
     def _schedule_poke(self, delay: float) -> None:
         # Wake the engine's request loop sooner than its 5 s heartbeat. Private attribute:
         # if a future Scrapy renames it we fall back to the heartbeat, only slower.
         from twisted.internet import reactor
 
-        slot = getattr(self.crawler.engine, "_slot", None)
-        nextcall = getattr(slot, "nextcall", None)
+        nextcall = engine.request_loop(self.crawler)
         if nextcall is None or (self._poke is not None and self._poke.active()):
             return
         self._poke = reactor.callLater(delay, nextcall.schedule)

@@ -19,6 +19,7 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
+from ..storage.writer import existing_writer
 from .requeue import requeue
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class StoreBackpressureMiddleware:
 
     async def process_request(self, request: Request) -> None:
         # Only a crawl that stores items has a writer (the store pipeline creates it).
-        writer = getattr(self.crawler, "_postgres_writer", None)
+        writer = existing_writer(self.crawler)
         if writer is None or not writer.over_limit():
             return None
         stats = self.crawler.stats

@@ -20,6 +20,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from ..storage.writer import existing_writer
+
 logger = logging.getLogger(__name__)
 
 
@@ -243,7 +245,7 @@ class CrawlCollector(Collector):
         flush = SummaryMetricFamily("scraper_storage_flush_seconds", "Time to write one batch.", labels=["spider"])
         flush.add_metric([s], count_value=get("postgres/batches"), sum_value=get("postgres/flush_seconds_total"))
         yield flush
-        writer = getattr(self.crawler, "_postgres_writer", None)
+        writer = existing_writer(self.crawler)
         yield _gauge(
             "scraper_storage_pending_rows",
             "Rows waiting to be written.",

@@ -31,6 +31,7 @@ from ..queue.keys import items_seen_key
 from ..runs_hook import current_run_id, run_finished
 from ..storage import held
 from ..storage.history import key_match
+from ..storage.writer import existing_writer
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def mark_gone(
 def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]:
     """The run keys the last node out may drop at once: all but the items claimed, which gone
     marking reads first (see :func:`after_leave`), when this crawl stores items."""
-    if getattr(crawler, "_postgres_writer", None) is None:
+    if existing_writer(crawler) is None:
         return run_keys
     return [k for k in run_keys if k != items_seen_key(spider)]
 
@@ -114,7 +115,7 @@ def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]
 def _run_broke(crawler: Any, server: Any, spider: str) -> list[str]:
     """The fields ("Type.field") whose coverage the live guard found broken in this run,
     fleet-wide: a layout break hides live rows, which must not be marked gone."""
-    from ..quality.guard import run_break
+    from ..quality.breaks import run_break
 
     found_here = [f for f in (crawler.stats.get_value("quality/broken_fields") or "").split(",") if f]
     try:
@@ -151,7 +152,7 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
     """Called by the scheduler once this node left the run. The last node out of a finished run
     takes the run's item claims (renamed first, so a next run starts with a fresh hash) and marks
     what they lack gone."""
-    writer = getattr(crawler, "_postgres_writer", None)
+    writer = existing_writer(crawler)
     if writer is None or not last_out:
         return
     key = items_seen_key(spider)

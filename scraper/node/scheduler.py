@@ -36,6 +36,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 from twisted.internet import defer
 
+from ..adapters import engine
 from ..config import get_bool, get_float, get_int
 from ..queue import keys, signing
 from ..queue.dupefilter import SharedDupeFilter, make_stores, seen_config
@@ -46,6 +47,7 @@ from ..queue.shards import Shards, discard_shards, shard_count, shards_setting
 from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..runs.nodes import NodeRegistry
 from ..runs.state import Decision, RunState
+from ..storage.writer import existing_writer
 from . import gone
 
 # `scrapy crawl`'s exit status for a run whose shared state was lost (see scraper.runs.state).
@@ -351,10 +353,8 @@ class SharedScheduler(Scheduler):
 
     def _node_info(self) -> dict[str, Any]:
         stats = self.crawler.stats
-        engine = getattr(self.crawler, "_engine", None)
-        downloader = getattr(engine, "downloader", None)
         return {
-            "inflight": len(getattr(downloader, "active", ())) + self.queue.local_pending(),
+            "inflight": engine.downloads(self.crawler) + self.queue.local_pending(),
             "pages": stats.get_value("response_received_count", 0),
             "items": stats.get_value("item_scraped_count", 0),
         }
@@ -365,11 +365,10 @@ class SharedScheduler(Scheduler):
         items in the pipelines). The engine keeps a request in its slot until all of that is
         done; private attribute, so a rename in Scrapy makes every lease look busy (safe: they
         are then acknowledged at close)."""
-        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
-        inprogress = getattr(slot, "inprogress", None)
+        inprogress = engine.in_progress(self.crawler)
         if inprogress is None:
             return set(self.leases.mine)
-        return {r.meta.get(LEASE_META) for r in list(inprogress)} | self.queue.prefetched_leases()
+        return {r.meta.get(LEASE_META) for r in inprogress} | self.queue.prefetched_leases()
 
     def _abandon(self, request: Request) -> None:
         lease = request.meta.get(LEASE_META)
@@ -411,9 +410,8 @@ class SharedScheduler(Scheduler):
     def _wake_engine(self) -> None:
         # While other workers hold leases the engine does not count as idle, so the idle
         # extension does not poke it and it would look at the shared queue only every 5 s.
-        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
-        if slot is not None and not self.queue.local_pending():
-            slot.nextcall.schedule()
+        if not self.queue.local_pending():
+            engine.wake(self.crawler)
 
     def _reap(self) -> None:
         if time.monotonic() < self._no_reap_until:
@@ -657,14 +655,13 @@ class SharedScheduler(Scheduler):
         """Have the writer commit the rows waiting now, rather than at ``POSTGRES_FLUSH_INTERVAL``,
         once *enough* of them wait, or whenever no download is in flight to bring more (the end
         of a crawl, or the lease cap): their pages' leases, and the end of the crawl, wait on them."""
-        writer = getattr(self.crawler, "_postgres_writer", None)
+        writer = existing_writer(self.crawler)
         if writer is None or writer.gave_up is not None:
             return
         waiting = writer.pending()
         if not waiting:
             return
-        downloader = getattr(getattr(self.crawler, "_engine", None), "downloader", None)
-        if (enough is not None and waiting >= enough) or not getattr(downloader, "active", ()):
+        if (enough is not None and waiting >= enough) or not engine.downloads(self.crawler):
             writer._flush_if_idle()
 
     def next_request(self) -> Request | None:

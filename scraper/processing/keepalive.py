@@ -15,6 +15,7 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
+from ..adapters import engine
 from ..config import get_float
 from ..redis_client import UNREACHABLE, get_redis
 from .config import read_config
@@ -69,8 +70,7 @@ class StreamKeepAlive:
         # not at Scrapy's 5 s heartbeat.
         from twisted.internet import reactor
 
-        slot = getattr(self.crawler.engine, "_slot", None)
-        nextcall = getattr(slot, "nextcall", None)
+        nextcall = engine.request_loop(self.crawler)
         if nextcall is None or (self._poke is not None and self._poke.active()):
             return
         self._poke = reactor.callLater(self.poll, nextcall.schedule)

@@ -28,6 +28,7 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
+from ..adapters import engine
 from ..node.scheduler import SharedScheduler
 from ..queue import keys, signing
 from ..queue.dead_letters import DeadLetters
@@ -212,11 +213,10 @@ class StreamScheduler(SharedScheduler):
 
     # --- acknowledging --------------------------------------------------------------------------
     def _in_engine(self) -> set[str]:
-        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
-        inprogress = getattr(slot, "inprogress", None)
+        inprogress = engine.in_progress(self.crawler)
         if inprogress is None:
             return set(self.held)  # unknown: acknowledged at close, when the engine has drained
-        return {r.meta.get(ENTRY_META) for r in list(inprogress)}
+        return {r.meta.get(ENTRY_META) for r in inprogress}
 
     def _tend(self) -> None:
         try:
@@ -264,9 +264,8 @@ class StreamScheduler(SharedScheduler):
     def _wake_engine(self) -> None:
         # While the stream or a fetcher may bring more, the engine does not count as idle and
         # would look at the stream only every 5 s.
-        slot = getattr(getattr(self.crawler, "_engine", None), "_slot", None)
-        if slot is not None and not self.buffer:
-            slot.nextcall.schedule()
+        if not self.buffer:
+            engine.wake(self.crawler)
 
     def close(self, reason: str) -> None:
         self._closing = True

@@ -39,8 +39,10 @@ from ..pipelines.unstored import set_aside
 from ..runs_hook import current_run_id
 from ..storage import held
 from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from .breaks import break_key, run_break  # noqa: F401  (run_break: read from here by others)
 from .checks import _reject_fields, _reject_share
 from .coverage import filled
+from .monitor import QualityMonitor
 from .settings import EXIT_STATUS, read_settings
 
 logger = logging.getLogger(__name__)
@@ -52,20 +54,6 @@ _REASONS = "item_rejected_reasons/"
 CLOSE_REASON = "quality_break"
 # How many items between two looks at the coverage: the look walks the fields, a count does not.
 _EVERY = 10
-
-
-def break_key(spider: str, run_id: int) -> str:
-    from ..queue.keys import run_quality_key
-
-    return f"{run_quality_key(spider, run_id)}:break"
-
-
-def run_break(server: Any, spider: str, run_id: int) -> dict[str, Any]:
-    """The run's break as the guard recorded it (field -> [coverage, expected]), {} if none."""
-    if not run_id:
-        return {}
-    raw = server.hgetall(break_key(spider, run_id))
-    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
 
 
 def check_mode(settings: Any) -> str:
@@ -108,14 +96,17 @@ class QualityGuardPipeline:
 
     # --- where the run is ------------------------------------------------------------------
 
+    def _monitor(self) -> QualityMonitor | None:
+        return self.crawler.get_extension(QualityMonitor)
+
     def _scheduler(self) -> Any:
-        monitor = getattr(self.crawler, "_quality_monitor", None)
+        monitor = self._monitor()
         return monitor._scheduler() if monitor is not None else None
 
     def _expectations(self, item_type: type) -> dict[str, float]:
         found = self._expected.get(item_type)
         if found is None:
-            monitor = getattr(self.crawler, "_quality_monitor", None)
+            monitor = self._monitor()
             # Required fields are validation's: an item here has them all.
             found = monitor.expected_for(item_type.__name__, required=False) if monitor is not None else {}
             # A field expected at 0 can never fall under it.
@@ -216,7 +207,7 @@ class QualityGuardPipeline:
         """Field -> the share of items rejected for it the baseline runs allow (their median plus
         ``QUALITY_REJECTS_RISE``); empty without a baseline (nothing says what is normal)."""
         if self._reject_limits is None:
-            monitor = getattr(self.crawler, "_quality_monitor", None)
+            monitor = self._monitor()
             baseline = [f for _, f in monitor.baseline] if monitor is not None else []
             limits: dict[str, float] = {}
             if baseline:

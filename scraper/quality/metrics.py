@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from ..queue import keys
 from . import coverage, figures
+from .monitor import QualityMonitor
 
 
 class QualityCollector(Collector):
@@ -35,7 +36,7 @@ class QualityCollector(Collector):
         return value
 
     def collect(self) -> Iterator[Any]:
-        monitor = getattr(self.crawler, "_quality_monitor", None)
+        monitor = self.crawler.get_extension(QualityMonitor)
         spider = getattr(getattr(self.crawler, "spider", None), "name", None)
         if monitor is None or spider is None:
             return

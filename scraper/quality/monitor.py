@@ -30,15 +30,16 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from ..adapters import engine
 from ..config import get_float
 from ..item_observers import on_item_scraped, on_response_received
 from ..items import StoredItem, stored_item_types
 from . import coverage as coverage_figures
 from . import figures as run_figures
 from . import report, store
+from .breaks import run_break
 from .checks import Check, ItemExpectations, outcome, run_checks
 from .coverage import CoverageCounter
-from .guard import run_break
 from .pairs import price_checks
 from .settings import EXIT_STATUS, QualitySettings, check_declared_coverage, declared_coverage, read_settings
 
@@ -58,7 +59,6 @@ class QualityMonitor:
         #: The last checked run of the spider: (run id, outcome, failed checks), for the metrics.
         self.last: tuple[int, str, int] | None = None
         self._loop: Any = None
-        crawler._quality_monitor = self  # found by the metrics collector
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> QualityMonitor:
@@ -116,8 +116,7 @@ class QualityMonitor:
     # --- the run -----------------------------------------------------------------------------
 
     def _scheduler(self) -> Any:
-        slot = getattr(self.crawler.engine, "_slot", None)
-        scheduler = getattr(slot, "scheduler", None)
+        scheduler = engine.scheduler(self.crawler)
         return scheduler if getattr(getattr(scheduler, "run", None), "run_id", 0) else None
 
     def run_id(self) -> int:

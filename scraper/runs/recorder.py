@@ -16,6 +16,7 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from ..adapters import engine
 from ..config import get_float
 from ..queue import keys
 from . import record
@@ -41,8 +42,7 @@ class RunRecorder:
         return ext
 
     def _scheduler(self) -> Any:
-        slot = getattr(self.crawler.engine, "_slot", None)
-        scheduler = getattr(slot, "scheduler", None)
+        scheduler = engine.scheduler(self.crawler)
         return scheduler if getattr(getattr(scheduler, "run", None), "run_id", 0) else None
 
     def spider_opened(self, spider: Any) -> None:

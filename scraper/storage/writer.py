@@ -482,10 +482,16 @@ def _write_rejects(cur: Any, rejects: list[dict[str, Any]]) -> None:
     )
 
 
+def existing_writer(crawler: Any) -> PostgresWriter | None:
+    """The crawl's writer if a component has made it (the store pipeline does at start), else
+    None: for the components that only look at it (backpressure, metrics, gone-marking)."""
+    return crawler.__dict__.get("_postgres_writer")
+
+
 def writer_for(crawler: Any) -> PostgresWriter:
     """The crawl's one writer: created, connected and migrated on first use, closed (and
     drained) when the spider closes. Settings: ``POSTGRES_*``."""
-    writer = getattr(crawler, "_postgres_writer", None)
+    writer = existing_writer(crawler)
     if writer is not None:
         return writer
     from scrapy import signals
