@@ -102,7 +102,7 @@ def pop_all(queue: Any) -> int:
 def _client(url: str, name: str, count: int, barrier: Any, answers: Any, shards: int = 1, salt: str = "") -> None:
     """One crawler's share of the frontier work, as its own process: claims, then pops, each
     between two barriers at which the parent reads the clock and the servers' CPU."""
-    from scraper.redis_client import get_redis
+    from scraper.backends.redis_client import get_redis
 
     server = get_redis(url)
     queue, seen, leases = frontier(server, name, shards)
@@ -130,7 +130,7 @@ class Store:
         self.cluster = cluster
 
     def client(self) -> Any:
-        from scraper.redis_client import get_redis
+        from scraper.backends.redis_client import get_redis
 
         return get_redis(self.url)
 

@@ -13,7 +13,7 @@ every other command (``shell``, ``fetch``, ``view``, ``parse``, ``check``, ``run
 script) runs with Scrapy's in-memory scheduler and touches none of them unless given
 ``-s SHARED_STATE=true``. See :mod:`scraper.shared_state`.
 
-Passwords in the URLs never reach the logs: see :mod:`scraper.secrets`.
+Passwords in the URLs never reach the logs: see :mod:`scraper.runtime.secrets`.
 """
 
 import os
@@ -76,8 +76,8 @@ ITEM_PIPELINES = {
     "scraper.pipelines.store.StorePipeline": 400,
 }
 
-# Scrapy's in-memory stats without the per-call deprecation shim (see scraper/stats.py).
-STATS_CLASS = "scraper.stats.StatsCollector"
+# Scrapy's in-memory stats without the per-call deprecation shim (see scraper/runtime/stats.py).
+STATS_CLASS = "scraper.runtime.stats.StatsCollector"
 
 EXTENSIONS = {
     "scraper.extensions.idle_close.IdleClose": 100,
@@ -128,7 +128,7 @@ DOWNLOADER_MIDDLEWARES = {
 
 FEED_EXPORT_ENCODING = "utf-8"
 # A dropped item (a reject) is one line with its reasons; the item itself is logged at DEBUG.
-LOG_FORMATTER = "scraper.logformatter.LogFormatter"
+LOG_FORMATTER = "scraper.runtime.logformatter.LogFormatter"
 
 # ``@page PATH`` in a callback's docstring: a contract sample page relative to the spider's site.
 # ``@scrapes`` fails on a field left None (a selector that matched nothing), not only an unset one.

@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 from support.servers import StoppableRedis
 
-from scraper.redis_client import register_script
+from scraper.backends.redis_client import register_script
 from scraper.scraping_api.budget import SharedBudget
 
 # Any script calling a command with many arguments grows the scripting client's argument array;

@@ -332,7 +332,7 @@ import scrapy
 from scrapy.exceptions import DownloadTimeoutError, IgnoreRequest
 from scrapy.http import HtmlResponse
 from scraper.politeness.keys import inflight_key
-from scraper.redis_client import get_redis
+from scraper.backends.redis_client import get_redis
 from scraper.settings import DOWNLOADER_MIDDLEWARES
 
 KINDS = ("plain", "respond", "raise", "reissue", "flaky")

@@ -7,10 +7,10 @@ import json
 import pytest
 import scrapy
 
+from scraper.backends.redis_client import get_redis
 from scraper.queue import serializer, signing
 from scraper.queue.queues import PriorityQueue, RequestSerializationError
 from scraper.queue.requests import request_from_dict
-from scraper.redis_client import get_redis
 
 
 class QueueSpider(scrapy.Spider):

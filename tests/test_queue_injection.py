@@ -10,13 +10,13 @@ import scrapy
 from scrapy.settings import Settings
 from support.crawls import crawl_env, run_scrapy
 
+from scraper.backends.redis_client import get_redis
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import serializer, signing
 from scraper.queue.queues import PriorityQueue
 from scraper.queue.requests import request_to_dict
-from scraper.redis_client import get_redis
-from scraper.secrets import redact
+from scraper.runtime.secrets import redact
 from scraper.spiders.demo import DemoSpider
 
 

@@ -142,8 +142,8 @@ def _shards_on_masters(cluster: LocalCluster, shards) -> dict[int, str]:
 
 
 def test_keys_of_an_earlier_version_are_renamed_once(clean: Services) -> None:
+    from scraper.backends.redis_client import get_redis
     from scraper.queue import keys
-    from scraper.redis_client import get_redis
 
     server = get_redis(clean.redis_url)
     server.zadd("demo:requests", {b'{"url": "http://127.0.0.1/a"}': 1})

@@ -10,8 +10,8 @@ import pytest
 from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env
 from support.processes import start_crawl, wait_for
 
+from scraper.backends.redis_client import UNREACHABLE, register_script, unreachable_reason
 from scraper.demo_site import Catalog, DemoSite
-from scraper.redis_client import UNREACHABLE, register_script, unreachable_reason
 
 
 def test_oom_inside_a_script_is_waited_out_and_named(own_redis) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from scraper.redis_client import register_script
+from scraper.backends.redis_client import register_script
 
 _CLAIM = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return ARGV[2] end

@@ -40,7 +40,7 @@ def test_database_password_never_reaches_logs_stats_redis_or_postgres(clean, sit
 def test_every_log_record_is_redacted(caplog) -> None:
     import logging
 
-    from scraper.secrets import install_log_redaction, register_url_password
+    from scraper.runtime.secrets import install_log_redaction, register_url_password
 
     install_log_redaction()
     register_url_password(f"redis://:{CANARY}@10.1.2.3:6379/0")

@@ -10,7 +10,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.project import get_project_settings
 from scrapy.utils.test import get_crawler
 
-from scraper.stats import StatsCollector
+from scraper.runtime.stats import StatsCollector
 
 
 def _crawler() -> Crawler:

@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent(
     from scrapy.utils.reactor import install_reactor
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
     from twisted.internet import reactor, threads
-    from scraper.worker_threads import defer_to_thread
+    from scraper.runtime.worker_threads import defer_to_thread
 
     loop = reactor._asyncioEventloop
     out = {}

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 
 
 class Store(Protocol):

@@ -18,7 +18,7 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 
 _DROPPED = {
     "cookie",

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg2
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 from . import index, warc
 from .store import Store
 

@@ -86,9 +86,9 @@ def stopped_by_fault(reason: object) -> bool:
 
 
 def _refuse_fresh_while_running(redis_url: str, spider: str, settings: object) -> None:
+    from ..backends.redis_client import get_redis
     from ..config import get_float
     from ..queue import keys
-    from ..redis_client import get_redis
     from ..runs.nodes import NodeRegistry
 
     server = get_redis(redis_url)

@@ -18,9 +18,9 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
+from ..backends.redis_client import get_redis
 from ..queue import keys, serializer, shards, signing
 from ..queue.dead_letters import DeadLetters
-from ..redis_client import get_redis
 from . import SpiderName, backends_or_report, report_error, spider_or_report
 
 ACTIONS = ("list", "show", "requeue", "purge")

@@ -25,7 +25,7 @@ import psycopg2
 from psycopg2 import sql
 from scrapy.commands import ScrapyCommand
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 from . import backends_or_report, report_error
 
 FORMATS = ("csv", "jsonl", "json")

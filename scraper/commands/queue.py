@@ -19,12 +19,12 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.spiderloader import get_spider_loader
 
+from ..backends.redis_client import get_redis
 from ..config import ConfigError
 from ..politeness.adaptive import ADAPTIVE_KEY, parse_rates
 from ..queue import keys
 from ..queue.dupefilter import seen_config, seen_size
 from ..queue.queues import frontier
-from ..redis_client import get_redis
 from . import SpiderName, backends_or_report, spider_or_report
 
 NODE_TTL = 60.0

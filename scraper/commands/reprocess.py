@@ -23,13 +23,13 @@ from ..archive import index
 from ..archive.config import read_config
 from ..archive.replay import select_records
 from ..archive.store import store_for
+from ..backends.redis_client import get_redis
 from ..config import ConfigError
 from ..extensions.summary import summarize
 from ..queue import keys
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.queues import frontier
-from ..redis_client import get_redis
-from ..secrets import redact
+from ..runtime.secrets import redact
 from . import backends_or_report
 
 REPLAY_SETTINGS = {

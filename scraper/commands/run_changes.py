@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg2
 
+from ..backends.redis_client import get_redis
 from ..config import get_float
 from ..items import StoredItem, stored_item_types
 from ..queue import keys
-from ..redis_client import get_redis
 from ..runs.nodes import NodeRegistry
 from ..storage import held, revert
 

@@ -20,11 +20,11 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from ..backends.redis_client import get_redis
 from ..config import get_float
 from ..quality import report as quality_report
 from ..quality import store as quality_store
 from ..queue import keys
-from ..redis_client import get_redis
 from ..runs import record
 from ..runs.nodes import NodeRegistry
 from ..runs.state import summed_figures

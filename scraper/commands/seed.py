@@ -21,12 +21,12 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.misc import load_object
 from w3lib.url import is_url
 
+from ..backends.redis_client import get_redis
 from ..config import ConfigError
 from ..queue import keys, shards
 from ..queue.dupefilter import make_stores
 from ..queue.keys import queue_key
 from ..queue.queues import PriorityQueue, score_for
-from ..redis_client import get_redis
 from . import backends_or_report, report_error, spider_or_report
 
 

@@ -3,7 +3,7 @@
 Scrapy lets every record through its loggers (the root logger at ``NOTSET``) and filters by
 ``LOG_LEVEL`` at its handler. At ``INFO``, each page still builds and throws away DEBUG records:
 "Crawled (200) <GET …>" per response and "Scraped from …" per item, with their caller looked up
-and, with secrets to redact (:mod:`scraper.secrets`), their text formatted: about 30 µs of CPU
+and, with secrets to redact (:mod:`scraper.runtime.secrets`), their text formatted: about 30 µs of CPU
 per page on the demo shop. While the crawl runs, the ``scrapy`` and ``scraper`` loggers are
 set to the lowest level a root handler takes, so those records are not made at all; a handler
 that takes DEBUG (``LOG_LEVEL=DEBUG``, a test's log capture) keeps them all. The levels are put

@@ -13,8 +13,8 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from ..backends.redis_client import get_redis
 from ..queue.queues import frontier
-from ..redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 

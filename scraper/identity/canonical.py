@@ -27,9 +27,9 @@ from twisted.internet import threads
 from twisted.internet.defer import succeed
 from twisted.internet.task import LoopingCall
 
+from ..backends.redis_client import UNREACHABLE, get_redis
 from ..items.base import StoredItem
 from ..queue.keys import aliases_key
-from ..redis_client import UNREACHABLE, get_redis
 from ..runs_hook import current_run_id
 from ..shared_state import is_crawl_node
 from .fingerprint import IdentityFingerprinter

@@ -24,10 +24,10 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.misc import load_object
 
+from ..backends.redis_client import UNREACHABLE, get_redis
 from ..config import get_int
 from ..queue.dead_letters import DeadLetters
 from ..queue.leases import lease_abandoned
-from ..redis_client import UNREACHABLE, get_redis
 
 logger = logging.getLogger(__name__)
 

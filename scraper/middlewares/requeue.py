@@ -7,7 +7,7 @@ from typing import Any
 
 from scrapy import Request
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 
 logger = logging.getLogger(__name__)
 

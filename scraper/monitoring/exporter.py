@@ -39,13 +39,13 @@ from prometheus_client.exposition import start_http_server
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from .. import procs
+from ..backends.embedded import data_dir, project_root
+from ..backends.redis_client import get_redis
 from ..config import get_bool, get_float, get_int
-from ..embedded import data_dir, project_root
 from ..item_observers import on_item_scraped, on_response_received
 from ..quality.metrics import QualityCollector
-from ..redis_client import get_redis
 from ..runs.metrics import RunCollector
+from ..runtime import procs
 from .collector import CrawlCollector, queue_reader
 
 logger = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ from scrapy_redis.scheduler import Scheduler
 from twisted.internet import defer
 
 from ..adapters import engine
+from ..backends.redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..config import get_bool, get_float, get_int
 from ..queue import keys, signing
 from ..queue.dupefilter import SharedDupeFilter, make_stores, seen_config
@@ -44,7 +45,6 @@ from ..queue.leases import Leases, lease_abandoned
 from ..queue.queues import LEASE_META, RequestSerializationError
 from ..queue.replication import ReplicaBarrier
 from ..queue.shards import Shards, discard_shards, shard_count, shards_setting
-from ..redis_client import UNREACHABLE, count_refusal, get_redis, unreachable_reason
 from ..runs.nodes import NodeRegistry
 from ..runs.state import Decision, RunState
 from ..storage.writer import existing_writer

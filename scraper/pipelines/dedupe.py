@@ -4,8 +4,8 @@ The natural key of each item is claimed in a Redis hash shared by the cluster. T
 the page that produced the item: the same page delivered again (a retry, or a redelivery after a
 worker died before committing) is not a duplicate, so an item is never lost to its own earlier,
 uncommitted attempt. The claims of the items that arrive while a batch is in flight go in the
-next one, a single script call, sent from the crawl's event loop (:mod:`scraper.redis_async`);
-under another Twisted reactor, pipelined from a worker thread (:mod:`scraper.redis_batcher`).
+next one, a single script call, sent from the crawl's event loop (:mod:`scraper.backends.redis_async`);
+under another Twisted reactor, pipelined from a worker thread (:mod:`scraper.backends.redis_batcher`).
 The hash belongs to the crawl run and is dropped with the seen-set when the run completes.
 """
 
@@ -21,11 +21,11 @@ from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 
+from ..backends.redis_async import async_client, run_script, running_loop
+from ..backends.redis_batcher import RedisBatcher
+from ..backends.redis_client import UNREACHABLE, count_refusal, get_redis, register_script, unreachable_reason
 from ..items.base import StoredItem
 from ..queue.keys import items_seen_key
-from ..redis_async import async_client, run_script, running_loop
-from ..redis_batcher import RedisBatcher
-from ..redis_client import UNREACHABLE, count_refusal, get_redis, register_script, unreachable_reason
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from scrapy.utils.defer import maybe_deferred_to_future
 
-from ..redis_batcher import RedisBatcher
+from ..backends.redis_batcher import RedisBatcher
 from . import adaptive
 from .keys import inflight_key, next_key, paused_key, waiting_deadlines_key, waiting_key
 from .scripts import _NOW_MS, _NOW_US, Command

@@ -50,8 +50,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred, DeferredList, DeferredLock
 from twisted.internet.task import LoopingCall, deferLater
 
-from ..redis_client import get_redis
-from ..secrets import redact
+from ..backends.redis_client import get_redis
+from ..runtime.secrets import redact
 from .adaptive import HOLD
 from .limiter import Limiter
 from .limits import DomainLimit, Policy, read_policy

@@ -19,7 +19,7 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import reactor, task
 
-from ..redis_client import UNREACHABLE, get_redis
+from ..backends.redis_client import UNREACHABLE, get_redis
 from .config import read_config
 from .stream import ResponseStream
 

@@ -17,9 +17,9 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.http.request import NO_CALLBACK
 
+from ..backends.redis_client import UNREACHABLE, get_redis
 from ..queue.leases import lease_abandoned
 from ..queue.serializer import SerializationError
-from ..redis_client import UNREACHABLE, get_redis
 from ..runs_hook import current_run_id
 from . import entry
 from .config import read_config

@@ -16,8 +16,8 @@ from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 
 from ..adapters import engine
+from ..backends.redis_client import UNREACHABLE, get_redis
 from ..config import get_float
-from ..redis_client import UNREACHABLE, get_redis
 from .config import read_config
 from .stream import ResponseStream
 

@@ -29,12 +29,12 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
 from ..adapters import engine
+from ..backends.redis_client import UNREACHABLE
 from ..node.scheduler import SharedScheduler
 from ..queue import keys, signing
 from ..queue.dead_letters import DeadLetters
 from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.shards import for_spider
-from ..redis_client import UNREACHABLE
 from ..runs import record
 from ..runs.nodes import NodeRegistry
 from . import entry as entries

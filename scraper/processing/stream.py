@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
+from ..backends.redis_client import register_script
 from ..queue import keys
-from ..redis_client import register_script
 
 GROUP = "processors"
 

@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends.redis_client import register_script
 from ..config import ConfigError, get_float, get_int
-from ..redis_client import register_script
 from .generations import GenerationalClaims, Generations
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from scrapy import Request
 
-from ..redis_client import pipeline_eval
+from ..backends.redis_client import pipeline_eval
 from . import serializer, signing
 from .dead_entry import entry
 from .keys import dead_index_key, dead_key, queue_key

@@ -27,8 +27,8 @@ from typing import Any
 from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
 
+from ..backends.redis_client import register_script
 from ..config import ConfigError, get_choice, get_float
-from ..redis_client import register_script
 from . import keys
 from .bloom import BloomFilter, BloomSeen
 from .generations import GenerationalClaims, Generations

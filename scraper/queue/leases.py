@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..redis_client import register_script
+from ..backends.redis_client import register_script
 from . import keys
 from .clock import RedisClock
 

@@ -22,7 +22,7 @@ import secrets as _random
 from typing import Any
 
 from ..config import ConfigError, refuse_placeholder_password
-from ..secrets import register_secret
+from ..runtime.secrets import register_secret
 
 PREFIX = b"h1."
 _SIG_LEN = 43  # base64url of 32 bytes, unpadded
@@ -109,7 +109,7 @@ def resolve_secret(settings: Any, keep: bool = True) -> tuple[str, str]:
 
 
 def _kept_secret(settings: Any) -> str:
-    from ..embedded import data_dir
+    from ..backends.embedded import data_dir
 
     folder = data_dir(settings)
     folder.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 A hash of node id -> last heartbeat, and next to it what each node reports (in-flight
 requests, pages, items, and who it is: host, pid, process start). A killed node simply stops
 heartbeating and ages out after the node TTL; on its own host it is recognised as gone at once,
-as its pid no longer runs (see :mod:`scraper.procs`). Joining and leaving a run happen in
+as its pid no longer runs (see :mod:`scraper.runtime.procs`). Joining and leaving a run happen in
 :mod:`scraper.runs.state`, atomically with the run's state.
 """
 
@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import procs
 from ..queue.clock import RedisClock
+from ..runtime import procs
 
 
 class NodeRegistry:

@@ -36,9 +36,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends.redis_client import register_script
 from ..queue import keys
 from ..queue.shards import discard_shards
-from ..redis_client import register_script
 from .nodes import NodeRegistry
 
 #: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).

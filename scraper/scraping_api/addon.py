@@ -11,7 +11,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..secrets import install_log_redaction, register_secret
+from ..runtime.secrets import install_log_redaction, register_secret
 from .middleware import get_settings
 
 

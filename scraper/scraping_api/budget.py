@@ -20,8 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends.redis_client import register_script
 from ..queue.keys import budget_keys
-from ..redis_client import register_script
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class SharedBudget(Budget):
         return self._fleet_reserved
 
     def reserve(self, amount: float, hold_seconds: float = 0) -> Reservation | None:
-        from ..redis_client import UNREACHABLE
+        from ..backends.redis_client import UNREACHABLE
 
         token = uuid.uuid4().hex
         now = time.time()
@@ -145,7 +145,7 @@ class SharedBudget(Budget):
         return Reservation(token, amount) if int(ok) else None
 
     def settle(self, reservation: Reservation, credits: float) -> None:
-        from ..redis_client import UNREACHABLE
+        from ..backends.redis_client import UNREACHABLE
 
         self._note(credits)
         if reservation.token in self._reserved:  # reserved locally during an outage

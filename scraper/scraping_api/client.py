@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 from multidict import CIMultiDictProxy
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 from .providers import ApiCall
 
 

@@ -41,11 +41,11 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred, DeferredSemaphore
 
+from ..backends.redis_client import UNREACHABLE, get_redis
 from ..config import ConfigError, get_choice, get_float, get_int
 from ..middlewares.requeue import requeue
 from ..queue.keys import escalated_key
-from ..redis_client import UNREACHABLE, get_redis
-from ..secrets import install_log_redaction, redact, register_secret
+from ..runtime.secrets import install_log_redaction, redact, register_secret
 from .budget import Budget, SharedBudget
 from .client import ApiClient, TransportError, is_usable
 from .providers import (

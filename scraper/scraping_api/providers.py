@@ -30,7 +30,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from ..secrets import redact
+from ..runtime.secrets import redact
 
 # Headers of the target's response that describe the API's transfer, not the page: the body we
 # hand on is already decoded (and, for text, re-encoded), so these would lie about it.

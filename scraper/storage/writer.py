@@ -38,8 +38,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import defer, task
 
 from ..items.base import StoredItem
-from ..secrets import redact
-from ..worker_threads import defer_to_thread
+from ..runtime.secrets import redact
+from ..runtime.worker_threads import defer_to_thread
 from . import held, history, schema
 from .upsert import BatchResult, Row, TableUpserter
 

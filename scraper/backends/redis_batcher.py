@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from .worker_threads import defer_to_thread
+from ..runtime.worker_threads import defer_to_thread
 
 
 class RedisBatcher:

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from . import procs
+from ..runtime import procs
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """Redis from the crawl's own asyncio event loop, for commands whose answer an item awaits.
 
-The thread pool (:mod:`scraper.redis_batcher`) keeps a synchronous round trip off the reactor
+The thread pool (:mod:`scraper.backends.redis_batcher`) keeps a synchronous round trip off the reactor
 thread, but each batch then crosses threads twice, and every crossing waits for the interpreter
 lock that a busy reactor thread holds: on the demo shop a batch of ~5 dedupe claims cost 0.52 ms
 of CPU in its thread for 0.13 ms of actual work. An asyncio client sends from the reactor thread
 without blocking it, and its answer arrives as one more socket event of the loop.
 
 The client is opened with the same options (name, timeouts, retries with backoff) as the
-process' synchronous one (:func:`scraper.redis_client.get_redis`), ``redis+cluster://`` included.
+process' synchronous one (:func:`scraper.backends.redis_client.get_redis`), ``redis+cluster://`` included.
 """
 
 from __future__ import annotations

