@@ -294,16 +294,20 @@ def test_reprocess_replays_every_good_record_of_a_damaged_file_and_names_the_bad
     assert "reprocess: 2 archived page(s) could not be read and were not replayed" in log
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 64 KiB tmpfs: the archive's disk fills mid-crawl, as a real full disk does (ENOSPC)."""
-    mount = tmp_path / "small-disk"
+def _tmpfs(mount: Path, options: str):
+    """A tmpfs mounted at *mount* with *options* for the test's length."""
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs: the archive's disk fills mid-crawl, as a real full disk does (ENOSPC)."""
+    yield from _tmpfs(tmp_path / "small-disk", "size=64k")
 
 
 def test_a_full_archive_disk_stops_archiving_loudly_and_never_hangs_shutdown(clean, site, small_disk) -> None:
@@ -386,13 +390,7 @@ def test_archive_required_stops_the_crawl_and_acknowledges_no_page_it_did_not_ar
 @pytest.fixture
 def read_only_folder(tmp_path):
     """A read-only file system (a tmpfs mounted ro): as root, a chmod would not stop a write."""
-    mount = tmp_path / "read-only"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    yield from _tmpfs(tmp_path / "read-only", "ro,size=64k")
 
 
 def test_a_read_only_archive_folder_stops_archiving_loudly_and_the_crawl_goes_on(clean, site, read_only_folder) -> None:
