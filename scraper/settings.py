@@ -87,6 +87,8 @@ EXTENSIONS = {
     # After RunRecorder: a run's data quality is checked once its figures are final.
     "scraper.quality.monitor.QualityMonitor": 160,
     "scraper.extensions.progress.ProgressLog": 500,
+    # Each page's validators and change history (scraper/revisit).
+    "scraper.revisit.recorder.RevisitRecorder": 170,
     # PROCESSING=decoupled only: a fetcher stays while the stream holds responses.
     "scraper.processing.keepalive.StreamKeepAlive": 110,
     # Long-lived objects out of the garbage collector's sight once the engine starts (GC_FREEZE),
@@ -111,6 +113,9 @@ DOWNLOADER_MIDDLEWARES = {
     # spider's own domains.
     "scraper.middlewares.fetch_boundary.FetchBoundaryMiddleware": 30,
     "scraper.scraping_api.middleware.ScrapingApiMiddleware": 725,
+    # Before the API (725), so the validators it adds are forwarded; its process_response sees
+    # the target's 304 as the API passed it on.
+    "scraper.revisit.conditional.ConditionalRequestsMiddleware": 700,
     # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a
     # page fetched through it counts against its own site.
     "scraper.politeness.middleware.PolitenessMiddleware": 720,
@@ -145,6 +150,9 @@ REQUEST_FINGERPRINTER_CLASS = "scraper.identity.fingerprint.IdentityFingerprinte
 SPIDER_MIDDLEWARES = {
     # Learns aliases from canonical links, and gives the items their page's canonical URL.
     "scraper.identity.canonical.CanonicalMiddleware": 890,
+    # After the canonical link is read (the page's identity): what each page yielded, and in a
+    # revisit run, only the links to pages that are due.
+    "scraper.revisit.due.RevisitMiddleware": 880,
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,
     # Closest to the spider: the first to see a callback's exception.
     "scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware": 950,

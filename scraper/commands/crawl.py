@@ -33,6 +33,11 @@ class Command(ScrapyCrawl):
             action="store_true",
             help="discard the spider's stopped run (its queued requests) and start a new one",
         )
+        parser.add_argument(
+            "--due",
+            action="store_true",
+            help="a revisit run: only the known pages that are due (their history, the sitemap's lastmod) and new links",
+        )
 
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) != 1:
@@ -48,6 +53,8 @@ class Command(ScrapyCrawl):
                 check(crawler.settings)
             found = backends.apply(crawler.settings)
             crawler.settings.set("METRICS_ANNOUNCE", True, priority="cmdline")
+            if getattr(opts, "due", False):
+                crawler.settings.set("REVISIT_DUE", True, priority="cmdline")
             if getattr(opts, "fresh", False):
                 crawler.settings.set("RUNS_FRESH", True, priority="cmdline")
                 _refuse_fresh_while_running(found.redis_url, args[0], crawler.settings)

@@ -392,6 +392,67 @@ _ALL: list[Setting] = [
         ),
     ),
     *_section(
+        "Revisits",
+        (
+            "REVISIT_ENABLED",
+            "bool",
+            True,
+            "Keep each page's validators and change history (table `pages`) and send conditional requests "
+            "(`If-None-Match`, `If-Modified-Since`); a 304 keeps the page's items as seen.",
+        ),
+        (
+            "REVISIT_DUE",
+            "bool",
+            False,
+            "A revisit run: only the known pages that are due, and new links (what `scrapy crawl --due` sets); "
+            "gone-marking covers only the pages it visited.",
+        ),
+        (
+            "REVISIT_MIN_INTERVAL",
+            "float",
+            3600,
+            "Shortest interval between two visits of a page, in seconds (a page that keeps changing).",
+            {"minimum": 0},
+        ),
+        (
+            "REVISIT_MAX_INTERVAL",
+            "float",
+            2592000,
+            "Longest interval between two visits of a page, in seconds (30 days; also how long a sitemap's "
+            "`lastmod` is trusted without a visit).",
+            {"minimum": 0},
+        ),
+        (
+            "REVISIT_INITIAL_INTERVAL",
+            "float",
+            86400,
+            "A new page's first interval, in seconds, unless its sitemap `changefreq` says another.",
+            {"minimum": 0},
+        ),
+        (
+            "REVISIT_GROWTH",
+            "float",
+            1.5,
+            "Factor the interval grows by after a visit that found the page unchanged (it halves on a change).",
+            {"minimum": 1},
+        ),
+        (
+            "REVISIT_LISTING_INTERVAL",
+            "float",
+            0,
+            "Seconds between two visits of a listing page (one that yields no items) in revisit runs; 0: every run.",
+            {"minimum": 0},
+        ),
+        (
+            "REVISIT_HINT_MISSES",
+            "int",
+            3,
+            "Times a page's sitemap `lastmod` may say it changed when it had not before its own history "
+            "decides instead.",
+            {"minimum": 1},
+        ),
+    ),
+    *_section(
         "Cleaning",
         (
             "DATE_LANGUAGES",

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog, Product
+
+if TYPE_CHECKING:
+    from .changes import ChangeClock
 
 __all__ = [
     "ORIGIN",
@@ -22,6 +25,7 @@ __all__ = [
     "render_not_found",
     "render_product",
     "render_robots",
+    "render_sitemap",
 ]
 
 ORIGIN = "__DEMO_SITE_ORIGIN__"
@@ -251,6 +255,21 @@ def _jsonld(product: Product) -> str:
 def render_robots(crawl_delay: float = 0.0) -> Page:
     body = "User-agent: *\nAllow: /\n" + (f"Crawl-delay: {crawl_delay:g}\n" if crawl_delay else "")
     return Page(200, "text/plain; charset=utf-8", body.encode())
+
+
+def render_sitemap(catalog: Catalog, changes: ChangeClock | None = None) -> Page:
+    """Every valid product's canonical URL; with a change clock, its ``lastmod`` (unless the
+    product is one of those the clock keeps without) and ``changefreq``."""
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>', '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">']
+    for product in catalog.valid_products():
+        entry = f"<url><loc>{ORIGIN}{product.canonical_path}</loc>"
+        if changes is not None and product.id in changes.rate:
+            if product.id not in changes.no_lastmod:
+                entry += f"<lastmod>{changes.modified(product.id).isoformat()}</lastmod>"
+            entry += f"<changefreq>{changes.changefreq[product.id]}</changefreq>"
+        lines.append(entry + "</url>")
+    lines.append("</urlset>\n")
+    return Page(200, "application/xml", "\n".join(lines).encode("utf-8"))
 
 
 def render_not_found() -> Page:

@@ -17,12 +17,15 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from email.utils import parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import layout, pages
 from .catalog import Catalog
+from .changes import ChangeClock
 from .pages import Page
 from .sections import SECTIONS, render_section, section_route
 
@@ -61,6 +64,8 @@ def _route(catalog: Catalog, path: str, query: str) -> _RouteKey | None:
         return ("home",)
     if path == "/robots.txt":
         return ("robots",)
+    if path == "/sitemap.xml":
+        return ("sitemap",)
     if path[:4] in _SECTION_PREFIXES:
         return section_route(catalog, path)
     if m := _PRODUCT.fullmatch(path):
@@ -91,11 +96,17 @@ class _Renderer:
     """
 
     def __init__(
-        self, catalog: Catalog, break_layout: float = 0.0, parts: tuple[str, ...] = tuple(layout.RENAMES)
+        self,
+        catalog: Catalog,
+        break_layout: float = 0.0,
+        parts: tuple[str, ...] = tuple(layout.RENAMES),
+        changes: ChangeClock | None = None,
     ) -> None:
         self.catalog = catalog
         self.break_layout = break_layout
         self.parts = parts
+        # With a change clock: product pages as of its day, with validators (see changes.py).
+        self.changes = changes
         self._cache: dict[_RouteKey, Page] = {}
 
     def page(self, path: str, query: str) -> Page:
@@ -116,13 +127,22 @@ class _Renderer:
             return pages.render_home(self.catalog)
         if kind == "robots":
             return pages.render_robots()
+        if kind == "sitemap":
+            return pages.render_sitemap(self.catalog, self.changes)
         if kind == "listing":
             page = pages.render_listing(self.catalog, key[1], key[2])
             return page if page is not None else _NOT_FOUND
         if kind == "product":
             product = self.catalog.product(key[1])
             assert product is not None
-            return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout, self.parts)
+            if self.changes is None:
+                return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout, self.parts)
+            served = self.changes.serve(product)
+            page = layout.apply(
+                pages.render_product(self.catalog, served.product), served.product, self.break_layout, self.parts
+            )
+            validators = (("ETag", served.etag), ("Last-Modified", served.last_modified))
+            return replace(page, headers=page.headers + validators)
         if kind == "section":
             return render_section(self.catalog, key[1], key[2])
         if kind == "redirect":
@@ -150,6 +170,7 @@ class DemoSite:
         break_layout: float = 0.0,
         crawl_delay: float = 0.0,
         tracking: bool = False,
+        changes: ChangeClock | None = None,
     ) -> None:
         self.host = host
         # Announced in robots.txt (``Crawl-delay``), for every user agent; 0: none.
@@ -160,7 +181,7 @@ class DemoSite:
         self.delay = max(0, delay_ms) / 1000
         self._requested_port = port
         # The share of product pages in a new layout (see layout.py); 0 serves the shop as is.
-        self._renderer = _Renderer(catalog, break_layout)
+        self._renderer = _Renderer(catalog, break_layout, changes=changes)
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
         # When requests arrived (time.monotonic) and how many were served at once: what a
@@ -174,6 +195,7 @@ class DemoSite:
         self.limit_answer = 429
         self._served: deque[float] = deque()
         self._throttled = 0
+        self._not_modified = 0
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -251,7 +273,7 @@ class DemoSite:
             current = self._renderer.catalog
             if count != current.reprice:
                 self._renderer = _Renderer(
-                    current.with_reprice(count), self._renderer.break_layout, self._renderer.parts
+                    current.with_reprice(count), self._renderer.break_layout, self._renderer.parts, self.changes
                 )
             return list(self._renderer.catalog.repriced_ids)
 
@@ -263,14 +285,31 @@ class DemoSite:
             base = current.with_removed(())
             ids = tuple(p.id for p in base.valid_products() if p.kind is None)[:count]
             if ids != current.removed:
-                self._renderer = _Renderer(current.with_removed(ids), self._renderer.break_layout, self._renderer.parts)
+                self._renderer = _Renderer(
+                    current.with_removed(ids), self._renderer.break_layout, self._renderer.parts, self.changes
+                )
             return list(ids)
 
     def break_layout(self, share: float, parts: tuple[str, ...] = tuple(layout.RENAMES)) -> None:
         """From now on serve *share* of the product pages in the new layout (see layout.py), for
         the *parts* named (``price``, ``brand``)."""
         with self._lock:
-            self._renderer = _Renderer(self._renderer.catalog, share, parts)
+            self._renderer = _Renderer(self._renderer.catalog, share, parts, self.changes)
+
+    @property
+    def changes(self) -> ChangeClock | None:
+        return self._renderer.changes
+
+    def set_day(self, day: int) -> list[int]:
+        """Serve the shop as its change clock has it on *day*; returns the products that changed
+        on that day."""
+        clock = self.changes
+        if clock is None:
+            raise RuntimeError("this demo site has no change clock (DemoSite(..., changes=ChangeClock(...)))")
+        with self._lock:
+            clock.day = day
+            self._renderer = _Renderer(self._renderer.catalog, self._renderer.break_layout, self._renderer.parts, clock)
+        return clock.changed_on(day)
 
     def limit_rate(self, per_second: float, answer: int = 429) -> None:
         """From now on answer 429 to any request past *per_second* in the last second (0: no limit;
@@ -298,6 +337,10 @@ class DemoSite:
         with self._lock:
             self._stats[target] += 1
             self._arrivals.append(time.monotonic())
+
+    def record_not_modified(self) -> None:
+        with self._lock:
+            self._not_modified += 1
 
     @contextmanager
     def serving(self) -> Iterator[None]:
@@ -332,11 +375,16 @@ class DemoSite:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"requests": dict(self._stats), "total": sum(self._stats.values()), "throttled": self._throttled}
+            return {
+                "requests": dict(self._stats),
+                "total": sum(self._stats.values()),
+                "throttled": self._throttled,
+                "not_modified": self._not_modified,
+            }
 
     def reset_stats(self) -> None:
         with self._lock:
-            self._throttled = 0
+            self._throttled = self._not_modified = 0
             self._stats.clear()
             self._arrivals.clear()
             self._max_in_flight = self._in_flight
@@ -376,6 +424,27 @@ CHALLENGE_PAGE = (
     b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
     b'<div class="g-recaptcha" data-sitekey="demo"></div></body></html>\n'
 )
+
+
+_VALIDATORS = ("ETag", "Last-Modified")
+
+
+def _still_valid(page: Page, request_headers: Any) -> bool:
+    """RFC 9110 13.1: If-None-Match first (weak comparison); If-Modified-Since only without it."""
+    validators = dict(h for h in page.headers if h[0] in _VALIDATORS)
+    if "ETag" not in validators:
+        return False
+    match = request_headers.get("If-None-Match")
+    if match is not None:
+        tags = {t.strip().removeprefix("W/") for t in match.split(",")}
+        return "*" in tags or validators["ETag"].removeprefix("W/") in tags
+    since = request_headers.get("If-Modified-Since")
+    if since is None:
+        return False
+    try:
+        return parsedate_to_datetime(validators["Last-Modified"]) <= parsedate_to_datetime(since)
+    except (TypeError, ValueError):
+        return False  # an unreadable date is ignored, as the RFC says
 
 
 class _Server(ThreadingHTTPServer):
@@ -483,6 +552,10 @@ class _Handler(BaseHTTPRequestHandler):
             if site.delay:
                 time.sleep(site.delay)
             page = site.page(split.path, split.query)
+            if page.status == 200 and site.changes is not None and _still_valid(page, self.headers):
+                site.record_not_modified()
+                self._send(304, page.content_type, b"", tuple(h for h in page.headers if h[0] in _VALIDATORS))
+                return
             self._send(page.status, page.content_type, page.body_for(self._origin()), page.headers)
 
     def _origin(self) -> str:

@@ -27,7 +27,7 @@ from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from ..items.base import StoredItem
-from ..queue.keys import items_seen_key
+from ..queue.keys import REVISIT_DUE_FIELD, items_seen_key, revisit_expected_key
 from ..runs_hook import current_run_id, run_finished
 from ..storage import held
 from ..storage.history import key_match
@@ -41,8 +41,11 @@ def key_digest(table: str, key: Iterable[Any]) -> str:
     return hashlib.sha1("\0".join([table, *(str(v) for v in key)]).encode("utf-8")).hexdigest()
 
 
-def _unseen(conn: Any, spider: str, item_type: type[StoredItem], seen: set[str]) -> list[tuple[Any, ...]]:
-    """The keys of the *spider*'s live rows whose digest is not in *seen*.
+def _unseen(
+    conn: Any, spider: str, item_type: type[StoredItem], seen: set[str], only: set[str] | None = None
+) -> list[tuple[Any, ...]]:
+    """The keys of the *spider*'s live rows whose digest is not in *seen* (and is in *only*, a
+    revisit run's expected items, when given).
 
     The digests are compared here rather than in SQL: Postgres has no built-in sha1. Only the
     keys of the spider's current rows are read, by a server-side cursor."""
@@ -54,30 +57,45 @@ def _unseen(conn: Any, spider: str, item_type: type[StoredItem], seen: set[str])
             sql.SQL("SELECT {} FROM {} WHERE spider = %s AND gone_at IS NULL").format(keys, ident(item_type.table)),
             (spider,),
         )
-        return [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
+        if only is None:
+            return [tuple(r) for r in rows if key_digest(item_type.table, r) not in seen]
+        return [tuple(r) for r in rows if (d := key_digest(item_type.table, r)) in only and d not in seen]
 
 
-def hold_gone(conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str], run_id: int) -> int:
+def hold_gone(
+    conn: Any,
+    spider: str,
+    item_types: Iterable[type[StoredItem]],
+    seen: Iterable[str],
+    run_id: int,
+    only: set[str] | None = None,
+) -> int:
     """What :func:`mark_gone` would mark, held with the run instead (see :mod:`.held`)."""
     seen = set(seen)
     total = 0
     with conn, conn.cursor() as cur:
         held.ensure(cur)
         for item_type in item_types:
-            total += held.hold_gone(cur, spider, run_id, item_type, _unseen(conn, spider, item_type, seen))
+            total += held.hold_gone(cur, spider, run_id, item_type, _unseen(conn, spider, item_type, seen, only))
     return total
 
 
 def mark_gone(
-    conn: Any, spider: str, item_types: Iterable[type[StoredItem]], seen: Iterable[str], run_id: int | None
+    conn: Any,
+    spider: str,
+    item_types: Iterable[type[StoredItem]],
+    seen: Iterable[str],
+    run_id: int | None,
+    only: set[str] | None = None,
 ) -> int:
-    """Mark the *spider*'s rows whose key digest is not in *seen*; returns how many."""
+    """Mark the *spider*'s rows whose key digest is not in *seen* (and is in *only*, when given);
+    returns how many."""
     seen = set(seen)
     total = 0
     with conn, conn.cursor() as cur:
         for item_type in item_types:
             ident = sql.Identifier
-            missing = _unseen(conn, spider, item_type, seen)
+            missing = _unseen(conn, spider, item_type, seen, only)
             if not missing:
                 continue
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS _gone_keys (key jsonb) ON COMMIT DROP")
@@ -109,7 +127,8 @@ def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]
     marking reads first (see :func:`after_leave`), when this crawl stores items."""
     if existing_writer(crawler) is None:
         return run_keys
-    return [k for k in run_keys if k != items_seen_key(spider)]
+    kept = (items_seen_key(spider), revisit_expected_key(spider))
+    return [k for k in run_keys if k not in kept]
 
 
 def _run_broke(crawler: Any, server: Any, spider: str) -> list[str]:
@@ -155,12 +174,8 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
     writer = existing_writer(crawler)
     if writer is None or not last_out:
         return
-    key = items_seen_key(spider)
-    taken: str | None = f"{key}:closing:{uuid.uuid4().hex[:8]}"
-    try:
-        server.rename(key, taken)
-    except Exception:  # no claims at all (nothing stored): nothing seen, and no key to take
-        taken = None
+    taken = _take(server, items_seen_key(spider))
+    expected = _take(server, revisit_expected_key(spider))
     try:
         if not run_finished(crawler, reason):
             logger.info("Run of %r did not finish (%s): nothing is marked gone", spider, reason)
@@ -178,12 +193,17 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
             field.decode() if isinstance(field, bytes) else field for field, _ in server.hscan_iter(taken, count=1000)
         )
         run_id = current_run_id(crawler)
+        only = _revisited(server, expected)
+        if only is not None:
+            logger.info(
+                "Revisit run of %r: gone-marking covers the %d item(s) of the pages it visited", spider, len(only)
+            )
         conn = psycopg2.connect(writer.dsn)
         try:
             if holding:
-                kept = hold_gone(conn, spider, list(writer._types.values()), seen, run_id or 0)
+                kept = hold_gone(conn, spider, list(writer._types.values()), seen, run_id or 0, only)
             else:
-                gone = mark_gone(conn, spider, list(writer._types.values()), seen, run_id)
+                gone = mark_gone(conn, spider, list(writer._types.values()), seen, run_id, only)
         finally:
             conn.close()
         if holding:
@@ -204,5 +224,27 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
     except Exception as exc:
         logger.error("Could not mark the rows of %r gone: %s", spider, exc)
     finally:
-        if taken is not None:
-            server.delete(taken)
+        for key in (taken, expected):
+            if key is not None:
+                server.delete(key)
+
+
+def _take(server: Any, key: str) -> str | None:
+    """Rename *key* out of the run's way (a next run starts with a fresh one); None when absent."""
+    taken = f"{key}:closing:{uuid.uuid4().hex[:8]}"
+    try:
+        server.rename(key, taken)
+    except Exception:  # no such key (nothing claimed in it)
+        return None
+    return taken
+
+
+def _revisited(server: Any, expected: str | None) -> set[str] | None:
+    """A revisit run's expected items (see :mod:`scraper.revisit.recorder`), or None for a run that
+    meant to visit every page."""
+    if expected is None:
+        return None
+    fields = {f.decode() if isinstance(f, bytes) else f for f, _ in server.hscan_iter(expected, count=1000)}
+    if REVISIT_DUE_FIELD not in fields:
+        return None
+    return fields - {REVISIT_DUE_FIELD}

@@ -146,6 +146,11 @@ class DedupePipeline:
         if self._batches is not None:
             await self._batches.close()
 
+    async def claim_in(self, hkey: str, field: str, origin: str) -> Any:
+        """Claim *field* in the hash *hkey* for the page *origin* (another component's claims ride
+        the same batches: the revisit recorder's items of pages not modified); returns the owner."""
+        return await self._claim(hkey, field, origin)
+
     async def _claim(self, hkey: str, field: str, origin: str) -> Any:
         """Claim *field* for *origin*; while Redis is unreachable, wait and try again (the claim is
         idempotent, and the item's page stays unacknowledged meanwhile)."""

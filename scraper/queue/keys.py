@@ -69,6 +69,16 @@ def items_seen_key(spider_name: str) -> str:
     return f"{prefix(spider_name)}:items:seen"
 
 
+#: The field of a run's expected-items hash that says a node ran it as a revisit run.
+REVISIT_DUE_FIELD = "__due__"
+
+
+def revisit_expected_key(spider_name: str) -> str:
+    """A revisit run's items of the pages it visited (dedupe claims; with ``REVISIT_DUE_FIELD``
+    once a node ran the run as a revisit): what its gone-marking may cover."""
+    return f"{prefix(spider_name)}:revisit:expected"
+
+
 def items_reprocess_key(spider_name: str, token: str) -> str:
     """Item claims of one ``scrapy reprocess`` (apart from the live crawl's)."""
     return f"{prefix(spider_name)}:items:reprocess:{token}"
@@ -151,7 +161,13 @@ def crawl_scoped_keys(spider_name: str, seen_keys: list[str] | None = None) -> l
     default backend); with an expiry there are none, as the seen-state outlives the run. The
     scraping API's budget and escalated domains belong to the run too."""
     seen = [dupefilter_key(spider_name)] if seen_keys is None else seen_keys
-    return [*seen, items_seen_key(spider_name), escalated_key(spider_name), *budget_keys(spider_name)]
+    return [
+        *seen,
+        items_seen_key(spider_name),
+        revisit_expected_key(spider_name),
+        escalated_key(spider_name),
+        *budget_keys(spider_name),
+    ]
 
 
 def migrate_legacy(server: Any, spider_name: str) -> int:

@@ -86,9 +86,10 @@ STOP_AUTH = "scraping_api_auth"
 STOP_CREDITS = "scraping_api_credits"
 STOP_BUDGET = "scraping_api_budget"
 
-# Request headers worth forwarding to the target by default; the API picks its own user agent
-# and accept headers. More with the ``forward_headers`` option, or ``headers`` verbatim.
-FORWARDED_HEADERS = ("Cookie", "Content-Type", "Authorization")
+# Request headers worth forwarding to the target by default (with the validators of a conditional
+# revisit, see scraper/revisit); the API picks its own user agent and accept headers. More with
+# the ``forward_headers`` option, or ``headers`` verbatim.
+FORWARDED_HEADERS = ("Cookie", "Content-Type", "Authorization", "If-None-Match", "If-Modified-Since")
 # Options of our own that are not sent to the API as they are.
 OWN_OPTIONS = frozenset({"forward_headers", "headers"})
 DEFAULT_ESCALATION = ({"render_js": True},)

@@ -1,0 +1,187 @@
+"""What each page yielded, and in a revisit run, which links are worth a request.
+
+For every page this middleware (close to the engine, after the canonical link was read) hashes
+the items the callback yielded (the page's content as the spider reads it: markup that changes
+without changing the items is no change) and tells the recorder (:mod:`.recorder`), so that the
+page's interval is halved or grown. A sitemap's ``lastmod`` and ``changefreq`` (read from the
+sitemap response, Scrapy's ``SitemapSpider`` or any callback parsing one) go with the requests
+for their URLs.
+
+In a revisit run (``REVISIT_DUE``, ``scrapy crawl SPIDER --due``) it also:
+
+* queues, after the spider's own start requests, the known pages that are due by their own
+  history (a page the sitemap speaks for waits for the sitemap's word);
+* drops each link to a known page that is not due (``revisit/skipped``); links to pages never
+  seen, listing pages (at ``REVISIT_LISTING_INTERVAL``) and ``dont_filter`` requests go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from itemadapter import ItemAdapter
+from scrapy import Request
+from scrapy.exceptions import NotConfigured
+from scrapy.http import TextResponse
+from scrapy.utils.sitemap import Sitemap
+
+from ..identity.canonical import canonical_link
+from ..items.base import StoredItem
+from .recorder import RevisitRecorder, Visit
+from .schedule import ITEMS, LISTING, due_without_sitemap, is_due, parse_lastmod
+
+logger = logging.getLogger(__name__)
+
+LASTMOD_META = "revisit_lastmod"
+CHANGEFREQ_META = "revisit_changefreq"
+HINTED_META = "revisit_hinted"
+
+
+def _item_bytes(item: Any) -> bytes:
+    fields = ItemAdapter(item).asdict()
+    return json.dumps([type(item).__name__, fields], sort_keys=True, default=str).encode("utf-8")
+
+
+class RevisitMiddleware:
+    def __init__(self, crawler: Any, recorder: RevisitRecorder) -> None:
+        self.crawler = crawler
+        self.recorder = recorder
+        self.stats = crawler.stats
+        self.fingerprinter = crawler.request_fingerprinter
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> RevisitMiddleware:
+        recorder = crawler.get_extension(RevisitRecorder)
+        if recorder is None:
+            raise NotConfigured("no page states kept")
+        return cls(crawler, recorder)
+
+    # -- a revisit run's start ---------------------------------------------------------------------
+    async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for obj in start:
+            yield obj
+        if not self.recorder.due_run:
+            return
+        await self.recorder.mark_due_run()
+        spider = self.crawler.spider
+        recorder, queued, unknown = self.recorder, 0, 0
+        for state in list(recorder.states.values()):
+            if state.kind != ITEMS or not due_without_sitemap(state, recorder.now, recorder.schedule):
+                continue
+            callback = getattr(spider, state.callback, None) if state.callback else None
+            if state.callback and not callable(callback):
+                unknown += 1  # the spider no longer has that callback: found by links, or not at all
+                continue
+            queued += 1
+            yield Request(state.url, callback=callback)
+        self.stats.set_value("revisit/seeded", queued)
+        logger.info(
+            "Revisit run: %d known page(s) due by their own history queued%s",
+            queued,
+            f"; {unknown} left out (their callback is gone from the spider)" if unknown else "",
+        )
+
+    # -- each page -------------------------------------------------------------------------------
+    def _page_key(self, response: Any) -> tuple[bytes, str]:
+        request = response.request
+        canonical = canonical_link(response) if request.method == "GET" else None
+        if canonical is not None:
+            url = self.fingerprinter.policy.apply(canonical)
+            return self.fingerprinter.fingerprint(Request(url)), url
+        return self.fingerprinter.fingerprint(request), self.fingerprinter.identity(request.url)
+
+    def _callback_name(self, request: Request) -> str | None:
+        callback = request.callback
+        if callback is None or getattr(callback, "__self__", None) is not self.crawler.spider:
+            return None
+        return callback.__name__
+
+    def _sitemap_hints(self, response: Any) -> dict[str, tuple[float | None, str | None]]:
+        if not isinstance(response, TextResponse) or b"<urlset" not in response.body[:4096]:
+            return {}
+        try:
+            sitemap = Sitemap(response.body)
+        except Exception:  # not one after all: no hints
+            return {}
+        if sitemap.type != "urlset":
+            return {}
+        hints = {}
+        for entry in sitemap:
+            loc = entry.get("loc")
+            if loc:
+                hints[loc] = (parse_lastmod(entry.get("lastmod")), entry.get("changefreq"))
+        return hints
+
+    def _goes_on(self, request: Request, hints: dict[str, tuple[float | None, str | None]]) -> bool:
+        lastmod = None
+        if hints:
+            found = hints.get(request.url)
+            if found is not None:
+                lastmod, changefreq = found
+                request.meta[LASTMOD_META] = lastmod
+                request.meta[CHANGEFREQ_META] = changefreq
+        recorder = self.recorder
+        if request.dont_filter:
+            return True
+        state = recorder.state(self.fingerprinter.fingerprint(request))
+        if state is None:
+            return True
+        if lastmod is not None and lastmod > state.fetched_at and state.kind == ITEMS:
+            request.meta[HINTED_META] = True
+        if not recorder.due_run:
+            return True
+        if is_due(state, recorder.now, recorder.schedule, lastmod):
+            return True
+        self.stats.inc_value("revisit/skipped")
+        return False
+
+    # Asynchronous only: claims are awaited before the page is done (Scrapy turns a spider's
+    # synchronous output into an asynchronous one for it).
+    async def process_spider_output(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        recorder = self.recorder
+        request = response.request
+        if not recorder.ready or response.status != 200:
+            async for obj in result:
+                yield obj
+            return
+        key, url = self._page_key(response)
+        if recorder.due_run:
+            await recorder.expect(recorder.state(key), response.url)
+        meta = request.meta
+        visit = recorder.begin(
+            Visit(
+                key=key,
+                url=url,
+                callback=self._callback_name(request),
+                etag=_header(response, b"ETag"),
+                last_modified=_header(response, b"Last-Modified"),
+                lastmod=meta.get(LASTMOD_META),
+                changefreq=meta.get(CHANGEFREQ_META),
+                hinted=bool(meta.get(HINTED_META)),
+            )
+        )
+        hints = self._sitemap_hints(response)
+        digests: list[str] = []
+        try:
+            async for obj in result:
+                if isinstance(obj, StoredItem):
+                    obj._page_key = key
+                    visit.pending += 1
+                    digests.append(hashlib.sha1(_item_bytes(obj)).hexdigest())
+                elif isinstance(obj, Request) and not self._goes_on(obj, hints):
+                    continue
+                yield obj
+        except BaseException:
+            recorder.abandon(visit)  # the page is retried or buried: this visit did not happen
+            raise
+        content = hashlib.sha1("".join(sorted(digests)).encode()).hexdigest() if digests else ""
+        recorder.end(visit, content, ITEMS if digests else LISTING)
+
+
+def _header(response: Any, name: bytes) -> str | None:
+    value = response.headers.get(name)
+    return value.decode("latin-1") if value else None

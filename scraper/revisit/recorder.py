@@ -1,0 +1,298 @@
+"""The crawl's page states: read when the spider opens, updated by each visit, written back.
+
+A visit ends in one of three ways:
+
+* the page answered and its callback yielded items or links: its content hash (of what it yielded)
+  says whether it changed; its interval is halved or grown (:mod:`.schedule`); the keys of its
+  items, as stored, are kept for the next visit. The state is final once every item the page
+  yielded has left the pipelines (stored, rejected or dropped);
+* it answered ``304 Not Modified`` (:mod:`.conditional`): unchanged, its items are claimed as
+  seen in this run (gone-marking then leaves them alone) and their ``last_seen`` refreshed;
+* it answered ``404`` / ``410``: its items are no longer there.
+
+In a revisit run (``REVISIT_DUE``), the items a visited page had at its last visit are recorded in
+Redis as the run's "expected" items: gone-marking (:mod:`scraper.node.gone`) then covers only
+those, never the rows of pages the run skipped. Claims go through the dedupe pipeline's batched
+script calls, before the page's lease is acknowledged, so the last node out reads them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet.defer import succeed
+from twisted.internet.task import LoopingCall
+
+from ..config import get_bool
+from ..item_observers import on_item_scraped
+from ..items.base import StoredItem
+from ..pipelines.dedupe import DedupePipeline
+from ..queue.keys import REVISIT_DUE_FIELD, items_seen_key, revisit_expected_key
+from ..runtime.worker_threads import defer_to_thread
+from ..shared_state import is_crawl_node
+from . import store
+from .schedule import GONE, ITEMS, LISTING, PageState, Schedule
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVERY = 5.0  # seconds between two writes of the page states
+
+
+def item_key(item: StoredItem) -> list[Any]:
+    return [item.table, [item.get(k) for k in item.key]]
+
+
+def digest(entry: list[Any]) -> str:
+    """The dedupe pipeline's claim of a stored item key (see :mod:`scraper.pipelines.dedupe`)."""
+    table, values = entry
+    return hashlib.sha1("\0".join([table, *(str(v) for v in values)]).encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Visit:
+    """One page being processed: what it answered and what its items became."""
+
+    key: bytes
+    url: str
+    callback: str | None
+    etag: str | None
+    last_modified: str | None
+    lastmod: float | None
+    changefreq: str | None
+    hinted: bool  # fetched because its sitemap lastmod said it changed
+    content_hash: str = ""
+    kind: str = LISTING
+    pending: int = 0
+    ended: bool = False
+    items: list[list[Any]] = field(default_factory=list)
+
+
+class RevisitRecorder:
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.schedule = Schedule.from_settings(crawler.settings)
+        self.due_run = get_bool(crawler.settings, "REVISIT_DUE")
+        self.dsn = crawler.settings["DATABASE_URL"]
+        self.states: dict[bytes, PageState] = {}
+        self.now = time.time()
+        self.spider_name = ""
+        self._visits: dict[bytes, Visit] = {}
+        self._dirty: dict[bytes, PageState] = {}
+        self._touch: dict[str, list[list[Any]]] = defaultdict(list)
+        self._flushing: LoopingCall | None = None
+        self._dedupe: DedupePipeline | None = None
+        self.ready = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> RevisitRecorder:
+        settings = crawler.settings
+        if not get_bool(settings, "REVISIT_ENABLED") or not is_crawl_node(settings) or not settings.get("DATABASE_URL"):
+            if get_bool(settings, "REVISIT_DUE") and is_crawl_node(settings):
+                raise NotConfigured("REVISIT_DUE needs REVISIT_ENABLED and a database")
+            raise NotConfigured("page states are kept by crawl nodes with a database")
+        if settings.getbool("ARCHIVE_REPLAY"):
+            raise NotConfigured("a replay fetches nothing")
+        ext = cls(crawler)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        on_item_scraped(crawler, ext.item_stored)
+        crawler.signals.connect(ext.item_lost, signal=signals.item_dropped)
+        crawler.signals.connect(ext.item_lost, signal=signals.item_error)
+        return ext
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def spider_opened(self, spider: Any) -> None:
+        self.spider_name = spider.name
+        self.now = time.time()
+        started = time.monotonic()
+        try:
+            conn = psycopg2.connect(self.dsn, connect_timeout=10)
+            try:
+                with conn, conn.cursor() as cur:
+                    store.ensure(cur)
+                self.states = dict(store.load(conn, spider.name))
+            finally:
+                conn.close()
+        except psycopg2.Error as exc:
+            logger.warning("Could not read the page states of %r (%s): every page is fetched in full", spider.name, exc)
+            self.states = {}
+            if self.due_run:
+                raise  # a revisit run that cannot tell what is due would skip nothing and mark wrongly
+        self.ready = True
+        self.stats.set_value("revisit/pages_known", len(self.states))
+        if self.states:
+            logger.info(
+                "%d page states of %r read in %.1f s%s",
+                len(self.states),
+                spider.name,
+                time.monotonic() - started,
+                ": a revisit run (only the pages due, and new links)" if self.due_run else "",
+            )
+        self._flushing = LoopingCall(self._flush)
+        self._flushing.start(FLUSH_EVERY, now=False)
+
+    async def spider_closed(self, spider: Any) -> None:
+        if self._flushing is not None and self._flushing.running:
+            self._flushing.stop()
+        for visit in list(self._visits.values()):
+            if visit.ended:  # items still pending when the crawl stopped: what was stored counts
+                self._finish(visit)
+        await maybe_deferred_to_future(self._flush())
+
+    def _flush(self) -> Any:
+        if not self._dirty and not self._touch:
+            return succeed(None)
+        dirty, self._dirty = self._dirty, {}
+        touch, self._touch = self._touch, defaultdict(list)
+        return defer_to_thread(self._write, dirty, touch)
+
+    def _write(self, dirty: dict[bytes, PageState], touch: dict[str, list[list[Any]]]) -> None:
+        from ..items import stored_item_types
+
+        types = {t.table: t for t in stored_item_types()}
+        try:
+            conn = psycopg2.connect(self.dsn, connect_timeout=10, application_name="revisit")
+            try:
+                with conn, conn.cursor() as cur:
+                    store.save(cur, self.spider_name, dirty.items())
+                    touched = sum(
+                        store.touch(cur, self.spider_name, types[t], keys) for t, keys in touch.items() if t in types
+                    )
+            finally:
+                conn.close()
+        except psycopg2.Error as exc:
+            # Lost states cost refetches next run, never data: the pages are fetched in full.
+            self.stats.inc_value("revisit/not_saved", len(dirty))
+            logger.warning(
+                "Could not save %d page states (%s): those pages are fetched in full next time", len(dirty), exc
+            )
+            return
+        self.stats.inc_value("revisit/touched", touched)
+
+    # -- what the middlewares ask -----------------------------------------------------------------
+    def state(self, key: bytes) -> PageState | None:
+        return self.states.get(key)
+
+    def begin(self, visit: Visit) -> Visit:
+        self._visits[visit.key] = visit
+        return visit
+
+    def end(self, visit: Visit, content_hash: str, kind: str) -> None:
+        visit.content_hash, visit.kind, visit.ended = content_hash, kind, True
+        if visit.pending <= 0:
+            self._finish(visit)
+
+    def abandon(self, visit: Visit) -> None:
+        self._visits.pop(visit.key, None)
+
+    def item_stored(self, item: Any) -> None:
+        self._item_done(item, stored=True)
+
+    def item_lost(self, item: Any) -> None:
+        self._item_done(item, stored=False)
+
+    def _item_done(self, item: Any, stored: bool) -> None:
+        visit = self._visits.get(getattr(item, "_page_key", b""))
+        if visit is None:
+            return
+        if stored and isinstance(item, StoredItem):
+            visit.items.append(item_key(item))
+        visit.pending -= 1
+        if visit.ended and visit.pending <= 0:
+            self._finish(visit)
+
+    def _finish(self, visit: Visit) -> None:
+        self._visits.pop(visit.key, None)
+        old = self.states.get(visit.key)
+        schedule = self.schedule
+        if old is None or old.kind == GONE:
+            self.stats.inc_value("revisit/new")
+            interval = schedule.first_interval(visit.changefreq)
+            state = PageState(
+                url=visit.url, kind=visit.kind, fetched_at=self.now, interval=interval, next_due=self.now + interval
+            )
+            state.changed_at = self.now
+        else:
+            changed = old.content_hash != visit.content_hash
+            self.stats.inc_value("revisit/changed" if changed else "revisit/unchanged")
+            state = old
+            state.interval = schedule.next_interval(old.interval, changed)
+            if changed:
+                state.changes += 1
+                state.changed_at = self.now
+                state.hint_misses = 0
+            elif visit.hinted:
+                state.hint_misses += 1
+            state.kind, state.url, state.fetched_at = visit.kind, visit.url, self.now
+            state.next_due = self.now + state.interval
+        state.callback = visit.callback
+        state.etag, state.last_modified = visit.etag, visit.last_modified
+        state.content_hash = visit.content_hash
+        state.items = visit.items
+        state.lastmod = visit.lastmod if visit.lastmod is not None else state.lastmod
+        state.visits += 1
+        self.states[visit.key] = state
+        self._dirty[visit.key] = state
+
+    async def not_modified(self, key: bytes, url: str, hinted: bool, lastmod: float | None) -> None:
+        """The page answered 304: unchanged, its items still there."""
+        state = self.states[key]
+        items = state.items or []
+        await self._claim(items_seen_key(self.spider_name), items, url)
+        await self.expect(state, url)
+        state.interval = self.schedule.next_interval(state.interval, changed=False)
+        state.fetched_at, state.next_due = self.now, self.now + state.interval
+        state.not_modified += 1
+        state.visits += 1
+        if hinted:
+            state.hint_misses += 1
+        if lastmod is not None:
+            state.lastmod = lastmod
+        self._dirty[key] = state
+        for table, values in items:
+            self._touch[table].append(values)
+        self.stats.inc_value("revisit/not_modified")
+
+    async def gone(self, key: bytes, url: str) -> None:
+        """A known page answered 404 or 410: in a revisit run its items are expected and unseen."""
+        state = self.states.get(key)
+        if state is None or state.kind == GONE:
+            return
+        await self.expect(state, url)
+        state.kind, state.fetched_at = GONE, self.now
+        state.interval = self.schedule.maximum
+        state.next_due = self.now + state.interval
+        state.visits += 1
+        self._dirty[key] = state
+        self.stats.inc_value("revisit/pages_gone")
+
+    async def expect(self, state: PageState | None, url: str) -> None:
+        """In a revisit run, the items *state*'s page had are the run's to mark gone if unseen."""
+        if self.due_run and state is not None and state.items and state.kind == ITEMS:
+            await self._claim(revisit_expected_key(self.spider_name), state.items, url)
+
+    async def mark_due_run(self) -> None:
+        await self._claim(revisit_expected_key(self.spider_name), [], REVISIT_DUE_FIELD)
+
+    async def _claim(self, hkey: str, items: list[list[Any]], origin: str) -> None:
+        if self._dedupe is None:
+            self._dedupe = self.crawler.get_item_pipeline(DedupePipeline)
+            if self._dedupe is None:
+                return  # no dedupe pipeline: no claims, no gone-marking to keep right
+        fields = (
+            [digest(entry) for entry in items]
+            if items
+            else ([REVISIT_DUE_FIELD] if origin == REVISIT_DUE_FIELD else [])
+        )
+        for name in fields:
+            await self._dedupe.claim_in(hkey, name, origin)

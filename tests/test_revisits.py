@@ -1,0 +1,170 @@
+"""Recrawl only what changed: real crawls of the demo shop with a change clock (products change
+day by day at mixed rates; pages carry ETag and Last-Modified and answer 304; the sitemap has
+lastmod), a later day simulated with faketime for the crawl process (installed by `make tools`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from support.crawls import crawl_env, run_scrapy
+from support.stats import stat
+
+from scraper.demo_site import Catalog, DemoSite
+from scraper.demo_site.changes import ChangeClock
+from scraper.revisit.schedule import DAY, PageState, Schedule, due_without_sitemap, is_due, parse_lastmod
+
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+def on_day(env: dict[str, str], day: float) -> dict[str, str]:
+    """The crawl process's clock *day* days ahead (a run of that day)."""
+    assert shutil.which("faketime"), "faketime is missing: `make tools` installs it"
+    if not day:
+        return env
+    return {**env, "FAKETIME": f"+{day * 24:g}h", "DONT_FAKE_MONOTONIC": "1", "LD_PRELOAD": LIBFAKETIME}
+
+
+def run(env: dict[str, str], *args: str, spider: str = "demo_sitemap"):
+    result = run_scrapy(env, "crawl", spider, *args, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    return result
+
+
+def product_requests(site: DemoSite) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for target, n in site.stats()["requests"].items():
+        if m := re.search(r"/p/(\d+)\.html", target):
+            found[int(m[1])] = found.get(int(m[1]), 0) + n
+    return found
+
+
+def prices(services) -> dict[str, Decimal]:
+    return dict(services.query("SELECT sku, price FROM products"))
+
+
+def truth(catalog: Catalog, clock: ChangeClock, day: int) -> dict[str, Decimal]:
+    return {p.sku: clock.serve(p, day).product.price for p in catalog.valid_products() if p.price is not None}
+
+
+@pytest.fixture
+def shop():
+    catalog = Catalog(products=150)
+    clock = ChangeClock(catalog, start=datetime.now(UTC))
+    with DemoSite(catalog, changes=clock) as site:
+        yield catalog, clock, site
+
+
+def test_a_revisit_run_fetches_the_pages_the_sitemap_says_changed_and_stores_every_change(clean, shop) -> None:
+    catalog, clock, site = shop
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false")
+    first = run(env)
+    assert len(product_requests(site)) == len(catalog.valid_products())
+    assert stat(first.stderr, "revisit/new") >= len(catalog.valid_products())
+    known = clean.query("SELECT count(*) FROM pages WHERE spider = 'demo_sitemap' AND kind = 'items'")[0][0]
+    assert known == len(catalog.valid_products())
+
+    changed = site.set_day(1)
+    assert changed, "the clock changes some products on day 1"
+    site.reset_stats()
+    second = run(on_day(env, 1), "--due")
+    fetched = product_requests(site)
+    ids = {p.id for p in catalog.valid_products()}
+    # The changed pages, as the sitemap's lastmod said; and those it gives no lastmod (a free
+    # product's page never changes here, but nothing says so): their first interval (a day) is up.
+    unhinted = ids - set(clock.rate)
+    assert unhinted, "the shop has pages without lastmod"
+    assert set(fetched) == (set(changed) & ids) | unhinted, (sorted(fetched), sorted(changed))
+    assert all(n == 1 for n in fetched.values())
+    assert stat(second.stderr, "revisit/skipped") == len(ids) - len(fetched)
+    assert prices(clean) == truth(catalog, clock, 1)
+    # Rows updated: the changed ones only; none marked gone (the rest were skipped, not missing).
+    kinds = dict(clean.query("SELECT kind, count(*) FROM item_changes WHERE run_id = (SELECT max(run_id) FROM item_changes) GROUP BY kind"))
+    assert kinds == {"update": len(set(changed) & ids)}, kinds
+    assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+
+
+def test_a_full_recrawl_gets_304s_for_unchanged_pages_and_keeps_their_rows(clean, shop) -> None:
+    catalog, clock, site = shop
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false")
+    run(env)
+    changed = set(site.set_day(1)) & {p.id for p in catalog.valid_products()}
+    site.reset_stats()
+    before = dict(clean.query("SELECT sku, last_seen FROM products"))
+    result = run(on_day(env, 1))  # not --due: every page asked for, conditionally
+    unchanged = len(catalog.valid_products()) - len(changed)
+    assert site.stats()["not_modified"] == unchanged
+    assert stat(result.stderr, "revisit/not_modified") == unchanged
+    assert prices(clean) == truth(catalog, clock, 1)
+    assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+    after = dict(clean.query("SELECT sku, last_seen FROM products"))
+    assert all(after[sku] > before[sku] for sku in before)  # a 304 refreshed last_seen too
+    assert stat(result.stderr, "items/gone") in (None, 0)
+
+
+def test_pages_due_by_history_are_queued_and_a_visited_page_gone_marks_only_its_items(clean, shop) -> None:
+    catalog, clock, site = shop
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false", REVISIT_MAX_INTERVAL=str(10 * DAY))
+    run(env)
+    removed = site.remove(3)
+    site.reset_stats()
+    # 11 days on: every page's sitemap word is older than the maximum interval, so each is due.
+    result = run(on_day(env, 11), "--due")
+    assert stat(result.stderr, "revisit/seeded") >= len(catalog.valid_products()) - 3
+    gone = {sku for (sku,) in clean.query("SELECT sku FROM products WHERE gone_at IS NOT NULL")}
+    assert gone == {catalog.product(i).sku for i in removed}
+    assert stat(result.stderr, "revisit/pages_gone") == 3
+
+
+def test_gone_marking_in_a_revisit_run_leaves_the_skipped_pages_alone(clean, shop) -> None:
+    catalog, clock, site = shop
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false")
+    run(env)
+    removed = site.remove(3)  # off the sitemap and 404: a revisit run does not visit them
+    site.reset_stats()
+    result = run(on_day(env, 1), "--due")
+    assert not set(product_requests(site)) & set(removed)
+    assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+    assert "gone-marking covers the" in result.stderr
+
+
+def test_the_schedule_halves_on_change_grows_without_and_trusts_lastmod_until_it_misses() -> None:
+    schedule = Schedule(minimum=3600, maximum=30 * DAY, initial=DAY, growth=1.5, listing=0, hint_misses=3)
+    assert schedule.next_interval(DAY, changed=True) == DAY / 2
+    assert schedule.next_interval(DAY, changed=False) == 1.5 * DAY
+    assert schedule.next_interval(3000, changed=True) == 3600
+    assert schedule.next_interval(25 * DAY, changed=False) == 30 * DAY
+    assert schedule.first_interval("weekly") == 7 * DAY
+    assert schedule.first_interval("never") == 30 * DAY
+    assert schedule.first_interval("nonsense") == DAY
+    page = PageState(url="u", kind="items", fetched_at=0.0, interval=DAY, next_due=DAY)
+    assert not is_due(page, DAY - 1, schedule) and is_due(page, DAY, schedule)
+    page.lastmod = -5.0  # the sitemap says: not changed since our visit
+    assert not is_due(page, 2 * DAY, schedule) and not due_without_sitemap(page, 2 * DAY, schedule)
+    assert is_due(page, 2 * DAY, schedule, lastmod=10.0)  # a newer lastmod
+    assert is_due(page, 30 * DAY, schedule) and due_without_sitemap(page, 30 * DAY, schedule)
+    page.hint_misses = 3  # its lastmod lied three times: its own history decides
+    assert is_due(page, DAY, schedule) and not is_due(page, DAY - 1, schedule, lastmod=10.0)
+    listing = PageState(url="l", kind="listing", fetched_at=0.0, interval=DAY, next_due=DAY)
+    assert is_due(listing, 1, schedule) and not due_without_sitemap(listing, 1, schedule)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-12-04T10:00:00+00:00", datetime(2026, 12, 4, 10, tzinfo=UTC).timestamp()),
+        ("2026-12-04T10:00:00Z", datetime(2026, 12, 4, 10, tzinfo=UTC).timestamp()),
+        ("2026-12-04T11:00:00+01:00", datetime(2026, 12, 4, 10, tzinfo=UTC).timestamp()),
+        # A date alone: the end of that day, so a change later that day still counts.
+        ("2026-12-04", datetime(2026, 12, 5, tzinfo=UTC).timestamp() - 1),
+        ("yesterday", None),
+        ("", None),
+    ],
+)
+def test_lastmod_is_read_as_w3c_datetime(text: str, expected: float | None) -> None:
+    assert parse_lastmod(text) == expected
