@@ -501,6 +501,7 @@ PARTS = (
     "decoupled",
     "reprocess",
     "politeness",
+    "recrawl",
 )
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
@@ -831,6 +832,34 @@ def politeness_part(args: Any, res: Results, redis_url: str, server: Any, dsn: s
         res.add(cmp, f"{workers} workers: settled rate / limit", r["settled_rate"] / args.politeness_limit, "x")
 
 
+def recrawl_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
+    import recrawl  # bench/recrawl.py
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "DATABASE_URL": dsn}
+    cmp = "revisit runs against a full daily recrawl"
+    print(
+        f"\n{args.recrawl_days} simulated days of {args.recrawl_products} products changing at mixed rates "
+        f"({100 * args.recrawl_without_lastmod:g} % without lastmod): day 0 full, then a revisit run a day ...",
+        flush=True,
+    )
+    print(recrawl.HEADER, flush=True)
+    server.flushdb()
+    drop_tables(dsn)
+    r = recrawl.measure(env, dsn, args.recrawl_products, args.recrawl_days, args.recrawl_without_lastmod)
+    print(
+        f"product-page requests: {r['requests']:,} of a full recrawl's {r['full_recrawl_requests']:,} "
+        f"({100 * r['request_share']:.1f} %, aim <= 30 %); changes captured within their day: "
+        f"{r['captured']:,} of {r['changes']:,} ({100 * r['captured_share']:.1f} %, aim >= 95 %; without lastmod: "
+        f"{r['captured_without_lastmod']} of {r['changes_without_lastmod']}); requests per change "
+        f"{r['requests_per_change']:.2f} (full recrawl {r['full_requests_per_change']:.1f}); rows updated "
+        f"{r['rows_updated']:,}, marked gone {r['rows_gone']}",
+        flush=True,
+    )
+    res.add(cmp, "product-page requests / full daily recrawl's", r["request_share"], "x", **r)
+    res.add(cmp, "changes captured within their day", r["captured_share"], "x")
+    res.add(cmp, "product-page requests per change", r["requests_per_change"], "requests")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
@@ -856,6 +885,9 @@ def main() -> None:
     )
     parser.add_argument("--decoupled-products", type=int, default=2000)
     parser.add_argument("--politeness-products", type=int, default=500)
+    parser.add_argument("--recrawl-products", type=int, default=1500)
+    parser.add_argument("--recrawl-days", type=int, default=14)
+    parser.add_argument("--recrawl-without-lastmod", type=float, default=0.05)
     parser.add_argument("--politeness-limit", type=float, default=20.0, help="the site's hidden requests/s")
     parser.add_argument("--politeness-workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
@@ -927,6 +959,8 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
         res.add("scraping-API path", "extra crawler CPU per page", extra, "ms")
     if "p1" in args.only:
         p1(args, res, redis_url, server, dsn)
+    if "recrawl" in args.only:
+        recrawl_part(args, res, redis_url, server, dsn)
     if "politeness" in args.only:
         politeness_part(args, res, redis_url, server, dsn)
     if "redelivery" in args.only:

@@ -461,9 +461,10 @@ def test_stats_endpoint(fresh_site: DemoSite) -> None:
         "requests": {"/": 2, "/c/none/?page=2": 1, "/nope": 1, "/robots.txt": 1},
         "total": 5,
         "throttled": 0,
+        "not_modified": 0,
     }
     assert admin(fresh_site, "/_admin/reset-stats", "POST") == (200, {"ok": True})
-    assert admin(fresh_site, "/_admin/stats") == (200, {"requests": {}, "total": 0, "throttled": 0})
+    assert admin(fresh_site, "/_admin/stats") == (200, {"requests": {}, "total": 0, "throttled": 0, "not_modified": 0})
     summary = admin(fresh_site, "/_admin/catalog")[1]
     assert summary["products"] == 60 and summary["pages"] == fresh_site.catalog.page_count
 
@@ -481,7 +482,12 @@ def test_stats_are_thread_safe(fresh_site: DemoSite) -> None:
         thread.start()
     for thread in threads:
         thread.join(timeout=10)
-    assert admin(fresh_site, "/_admin/stats")[1] == {"requests": {"/": 400}, "total": 400, "throttled": 0}
+    assert admin(fresh_site, "/_admin/stats")[1] == {
+        "requests": {"/": 400},
+        "total": 400,
+        "throttled": 0,
+        "not_modified": 0,
+    }
 
 
 def test_delay_ms_slows_pages_but_not_admin() -> None:

@@ -21,6 +21,7 @@ from scrapy.settings import Settings
 from support.crawls import ROOT, crawl_env, run_scrapy
 from support.errors import check_one_line_error
 from support.processes import start_crawl
+from support.scraping_api import api_env
 from support.stats import stat
 
 from scraper.config import ConfigError
@@ -305,13 +306,11 @@ def test_a_page_fetched_through_the_scraping_api_waits_once(clean) -> None:
     # waited for the slot its own target holds would wait forever.
     catalog = Catalog(products=10)
     with DemoSite(catalog, delay_ms=50) as site, StandIn("politeness-test-key") as api:
-        env = crawl_env(
+        env = api_env(
             clean,
-            DEMO_SITE_URL=site.url,
-            SCRAPING_API_KEY="politeness-test-key",
-            SCRAPING_API_URL=api.url,
-            SCRAPING_API_POLL_INTERVAL="0.05",
-            METRICS_ENABLED="false",
+            site.url,
+            api,
+            key="politeness-test-key",
             POLITENESS_CONCURRENCY="1",
             CONCURRENT_REQUESTS_PER_DOMAIN="4",
         )
@@ -523,13 +522,11 @@ def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_n
         # target site has a limit of its own, which only its own 429s reveal.
         api.configure(rules=[{"status": 429, "count": 3, "after": 5, "retry_after": 1}])
         site.limit_rate(8)
-        env = crawl_env(
+        env = api_env(
             clean,
-            DEMO_SITE_URL=site.url,
-            SCRAPING_API_KEY="politeness-test-key",
-            SCRAPING_API_URL=api.url,
-            SCRAPING_API_POLL_INTERVAL="0.05",
-            METRICS_ENABLED="false",
+            site.url,
+            api,
+            key="politeness-test-key",
             CONCURRENT_REQUESTS="8",
             SCRAPING_API_RETRY_BACKOFF="0.2",
         )

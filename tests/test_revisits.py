@@ -12,11 +12,13 @@ from decimal import Decimal
 
 import pytest
 from support.crawls import crawl_env, run_scrapy
+from support.scraping_api import KEY, api_env
 from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.demo_site.changes import ChangeClock
 from scraper.revisit.schedule import DAY, PageState, Schedule, due_without_sitemap, is_due, parse_lastmod
+from scraper.scraping_api.standin import StandIn
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -84,7 +86,11 @@ def test_a_revisit_run_fetches_the_pages_the_sitemap_says_changed_and_stores_eve
     assert stat(second.stderr, "revisit/skipped") == len(ids) - len(fetched)
     assert prices(clean) == truth(catalog, clock, 1)
     # Rows updated: the changed ones only; none marked gone (the rest were skipped, not missing).
-    kinds = dict(clean.query("SELECT kind, count(*) FROM item_changes WHERE run_id = (SELECT max(run_id) FROM item_changes) GROUP BY kind"))
+    kinds = dict(
+        clean.query(
+            "SELECT kind, count(*) FROM item_changes WHERE run_id = (SELECT max(run_id) FROM item_changes) GROUP BY kind"
+        )
+    )
     assert kinds == {"update": len(set(changed) & ids)}, kinds
     assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
 
@@ -168,3 +174,49 @@ def test_the_schedule_halves_on_change_grows_without_and_trusts_lastmod_until_it
 )
 def test_lastmod_is_read_as_w3c_datetime(text: str, expected: float | None) -> None:
     assert parse_lastmod(text) == expected
+
+
+def test_through_the_scraping_api_validators_reach_the_target_and_its_304_comes_back(clean, shop) -> None:
+    catalog, clock, site = shop
+    with StandIn(KEY) as api:
+        env = api_env(clean, site.url, api)
+        run(env)
+        changed = set(site.set_day(1)) & {p.id for p in catalog.valid_products()}
+        site.reset_stats()
+        calls_before = api.stats()["scrapes"]
+        result = run(on_day(env, 1))
+        calls = api.stats()["scrapes"] - calls_before
+    unchanged = len(catalog.valid_products()) - len(changed)
+    assert site.stats()["not_modified"] == unchanged  # the stand-in forwarded the validators
+    assert stat(result.stderr, "revisit/not_modified") == unchanged
+    assert calls >= len(catalog.valid_products())  # each 304 was still a (billed) API call
+    assert prices(clean) == truth(catalog, clock, 1)
+    assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+    assert KEY not in result.stderr
+
+
+def test_a_revisit_of_the_category_crawl_visits_listings_and_fetches_each_due_product_once(clean) -> None:
+    catalog = Catalog(products=120)
+    clock = ChangeClock(catalog, start=datetime.now(UTC))
+    # Each product linked under trackers and a session id too, and from several categories.
+    with DemoSite(catalog, changes=clock, tracking=True) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false", REVISIT_INITIAL_INTERVAL=str(2 * DAY))
+        run(env, spider="demo")
+        run(env, spider="demo")  # the aliases learnt in the first run apply from here
+        listings = [p for p in catalog.pages() if "/p/" not in p]
+        site.reset_stats()
+        # A day on, no product is due (first interval: two days): listings only.
+        result = run(on_day(env, 1), "--due", spider="demo")
+        requests = site.stats()["requests"]
+        assert not product_requests(site), sorted(product_requests(site))[:10]
+        assert all(requests.get(p) == 1 for p in listings), [p for p in listings if requests.get(p) != 1]
+        assert stat(result.stderr, "revisit/skipped") > 0
+        assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+        site.set_day(3)
+        site.reset_stats()
+        # Three days on, every product is due: each fetched once, whatever URLs lead to it.
+        run(on_day(env, 3), "--due", spider="demo")
+        fetched = product_requests(site)
+    assert set(fetched) >= {p.id for p in catalog.valid_products()}
+    assert all(n == 1 for n in fetched.values()), {k: n for k, n in fetched.items() if n != 1}
+    assert prices(clean) == truth(catalog, clock, 3)

@@ -12,12 +12,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from support.crawls import ROOT, crawl_env, run_scrapy, scrapy_cmd
+from support.crawls import ROOT, run_scrapy, scrapy_cmd
+from support.scraping_api import KEY, api_env
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import STANDIN_HEADER, StandIn
-
-KEY = "canary-7f3c9e1d4b2a8e6f0c5d"
 
 
 @pytest.fixture
@@ -30,19 +29,6 @@ def api():
 def small_site():
     with DemoSite(Catalog(products=40)) as running:
         yield running
-
-
-def api_env(services, site_url: str, api: StandIn | None, **extra: str) -> dict[str, str]:
-    env = crawl_env(services, DEMO_SITE_URL=site_url)
-    env.update(
-        METRICS_ENABLED="false",
-        SCRAPING_API_RETRY_BACKOFF="0.05",
-        SCRAPING_API_POLL_INTERVAL="0.05",
-    )
-    if api is not None:
-        env.update(SCRAPING_API_KEY=KEY, SCRAPING_API_URL=api.url)
-    env.update(extra)
-    return env
 
 
 def run_crawl(env: dict[str, str], ok: bool = True, status: int = 0) -> subprocess.CompletedProcess:

@@ -137,6 +137,8 @@ class DedupePipeline:
         if owner == origin:
             return item
         self.crawler.stats.inc_value("item_duplicates_dropped")
+        # Still this page's item (stored from *owner*): the page's record of its items keeps it.
+        item._duplicate_of = owner
         raise DropItem(
             f"Duplicate {type(item).__name__} {dict((k, item.get(k)) for k in item.key)} (first seen on {owner})",
             log_level="DEBUG",

@@ -199,7 +199,9 @@ class RevisitRecorder:
         self._item_done(item, stored=True)
 
     def item_lost(self, item: Any) -> None:
-        self._item_done(item, stored=False)
+        # A duplicate is the page's item all the same, stored from the page that claimed it first
+        # (the same page under another URL, before its alias was known).
+        self._item_done(item, stored=getattr(item, "_duplicate_of", None) is not None)
 
     def _item_done(self, item: Any, stored: bool) -> None:
         visit = self._visits.get(getattr(item, "_page_key", b""))
@@ -226,7 +228,9 @@ class RevisitRecorder:
             changed = old.content_hash != visit.content_hash
             self.stats.inc_value("revisit/changed" if changed else "revisit/unchanged")
             state = old
-            state.interval = schedule.next_interval(old.interval, changed)
+            # Visited twice in one run (under two URLs, before its alias was known): one visit.
+            if old.fetched_at != self.now or changed:
+                state.interval = schedule.next_interval(old.interval, changed)
             if changed:
                 state.changes += 1
                 state.changed_at = self.now
@@ -250,7 +254,8 @@ class RevisitRecorder:
         items = state.items or []
         await self._claim(items_seen_key(self.spider_name), items, url)
         await self.expect(state, url)
-        state.interval = self.schedule.next_interval(state.interval, changed=False)
+        if state.fetched_at != self.now:
+            state.interval = self.schedule.next_interval(state.interval, changed=False)
         state.fetched_at, state.next_due = self.now, self.now + state.interval
         state.not_modified += 1
         state.visits += 1
