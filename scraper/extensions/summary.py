@@ -151,6 +151,9 @@ class CrawlSummary:
                 pages / changes,
                 f" and {credits / changes:.1f} API credits" if credits else "",
             )
+        revisit = revisit_line(values)
+        if revisit:
+            logger.info("Revisits: %s", revisit)
         polite = politeness_line(values)
         if polite:
             logger.info("Politeness: %s", polite)
@@ -177,3 +180,21 @@ class CrawlSummary:
         if not why:
             why = ["the spider yielded no request (check its start_urls or start())"]
         logger.warning("%s for %r: %s", what, getattr(spider, "name", "?"), "; ".join(why))
+
+
+def revisit_line(values: dict[str, Any]) -> str:
+    """What the page states saved: 304s, links to pages not due, due pages queued (see
+    :mod:`scraper.revisit`); empty when none of it happened."""
+    parts = []
+    if values.get("revisit/not_modified"):
+        parts.append(
+            f"{values['revisit/not_modified']} of {values.get('revisit/conditional', 0)} conditional requests not modified"
+        )
+    if values.get("revisit/seeded"):
+        parts.append(f"{values['revisit/seeded']} pages due by their history queued")
+    if values.get("revisit/skipped"):
+        parts.append(f"{values['revisit/skipped']} links to pages not due skipped")
+    for stat, what in (("revisit/changed", "changed"), ("revisit/unchanged", "unchanged"), ("revisit/new", "new")):
+        if values.get(stat):
+            parts.append(f"{values[stat]} pages {what}")
+    return "; ".join(parts)

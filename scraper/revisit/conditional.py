@@ -7,8 +7,9 @@ them) and their ``last_seen`` refreshed, its interval grows (:mod:`.recorder`). 
 answers ``404`` or ``410`` has its items expected in a revisit run, so they are marked gone.
 
 Through a scraping API the validators go to the target as request headers (AlterLab: the
-``headers`` option; ScrapingBee: ``Spb-`` forwarded headers), and the target's ``304`` comes back
-as its status. A 304 through an API is still a billed call: the schedule (:mod:`.due`), not the
+``headers`` option; ScrapingBee: ``Spb-`` forwarded headers; Zyte API: ``customHttpRequestHeaders``,
+HTTP requests only, a browser request takes none), and the target's ``304`` comes back as its
+status. A 304 through an API is still a billed call: the schedule (:mod:`.due`), not the
 validators, is what saves requests.
 """
 

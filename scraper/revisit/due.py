@@ -139,18 +139,12 @@ class RevisitMiddleware:
         self.stats.inc_value("revisit/skipped")
         return False
 
-    # Asynchronous only: claims are awaited before the page is done (Scrapy turns a spider's
-    # synchronous output into an asynchronous one for it).
-    async def process_spider_output(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    def _begin(self, response: Any) -> _Page | None:
         recorder = self.recorder
-        request = response.request
         if not recorder.ready or response.status != 200:
-            async for obj in result:
-                yield obj
-            return
+            return None
+        request = response.request
         key, url = self._page_key(response)
-        if recorder.due_run:
-            await recorder.expect(recorder.state(key), response.url)
         meta = request.meta
         visit = recorder.begin(
             Visit(
@@ -164,22 +158,53 @@ class RevisitMiddleware:
                 hinted=bool(meta.get(HINTED_META)),
             )
         )
-        hints = self._sitemap_hints(response)
-        digests: list[str] = []
+        return _Page(self, visit, self._sitemap_hints(response))
+
+    # Asynchronous only: a revisit run awaits its claims before a visited page goes on (Scrapy
+    # runs every spider middleware's output asynchronously anyway).
+    async def process_spider_output(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        page = self._begin(response)
+        if page is None:
+            async for obj in result:
+                yield obj
+            return
+        if self.recorder.due_run:
+            # The items the page had are the run's to mark gone if unseen (see .recorder).
+            await self.recorder.expect(self.recorder.state(page.visit.key), response.url)
         try:
             async for obj in result:
-                if isinstance(obj, StoredItem):
-                    obj._page_key = key
-                    visit.pending += 1
-                    digests.append(hashlib.sha1(_item_bytes(obj)).hexdigest())
-                elif isinstance(obj, Request) and not self._goes_on(obj, hints):
-                    continue
-                yield obj
+                if page.passes(obj):
+                    yield obj
         except BaseException:
-            recorder.abandon(visit)  # the page is retried or buried: this visit did not happen
+            page.abandon()
             raise
+        page.end()
+
+
+class _Page:
+    """One page's output on its way out: its items hashed and tagged, its links filtered."""
+
+    __slots__ = ("digests", "hints", "mw", "visit")
+
+    def __init__(self, mw: RevisitMiddleware, visit: Visit, hints: dict[str, tuple[float | None, str | None]]) -> None:
+        self.mw, self.visit, self.hints = mw, visit, hints
+        self.digests: list[str] = []
+
+    def passes(self, obj: Any) -> bool:
+        if isinstance(obj, StoredItem):
+            obj._page_key = self.visit.key
+            self.visit.pending += 1
+            self.digests.append(hashlib.sha1(_item_bytes(obj)).hexdigest())
+            return True
+        return not isinstance(obj, Request) or self.mw._goes_on(obj, self.hints)
+
+    def abandon(self) -> None:
+        self.mw.recorder.abandon(self.visit)  # the page is retried or buried: this visit did not happen
+
+    def end(self) -> None:
+        digests = self.digests
         content = hashlib.sha1("".join(sorted(digests)).encode()).hexdigest() if digests else ""
-        recorder.end(visit, content, ITEMS if digests else LISTING)
+        self.mw.recorder.end(self.visit, content, ITEMS if digests else LISTING)
 
 
 def _header(response: Any, name: bytes) -> str | None:
