@@ -98,11 +98,11 @@ def test_a_dead_letter_redis_cannot_take_is_delivered_again(clean, tmp_path) -> 
         assert crawler.stats.get_value("scheduler/abandoned") == 1
         server.start()
         client = redis.Redis.from_url(server.url)
-        scheduler._tend_leases()  # not acknowledged: the lease is still there
+        scheduler.keeper.tend()  # not acknowledged: the lease is still there
         assert client.zcard("{demo}:lease_deadlines") == 1 and client.zcard("{demo}:requests") == 0
 
         def reaped() -> bool:
-            scheduler._tend_leases()  # never renewed: it runs out and is reaped into the queue
+            scheduler.keeper.tend()  # never renewed: it runs out and is reaped into the queue
             return client.zcard("{demo}:requests") == 1
 
         wait_for(reaped, timeout=20, step=0.2)

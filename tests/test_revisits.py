@@ -111,7 +111,9 @@ def test_a_full_recrawl_gets_304s_for_unchanged_pages_and_keeps_their_rows(clean
     after = dict(clean.query("SELECT sku, last_seen FROM products"))
     assert all(after[sku] > before[sku] for sku in before)  # a 304 refreshed last_seen too
     assert stat(result.stderr, "items/gone") in (None, 0)
-    assert f"Revisits: {unchanged} of {len(catalog.valid_products())} conditional requests not modified" in result.stderr
+    assert (
+        f"Revisits: {unchanged} of {len(catalog.valid_products())} conditional requests not modified" in result.stderr
+    )
 
 
 def test_pages_due_by_history_are_queued_and_a_visited_page_gone_marks_only_its_items(clean, shop) -> None:

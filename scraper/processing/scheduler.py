@@ -80,10 +80,9 @@ class StreamScheduler(SharedScheduler):
             shards=self.shards,
         )
         self.leases = None
-        self.barrier = None
+        self.keeper = None  # a processor fetches nothing, and leases nothing
         self._unserializable_logged: set[str] = set()
         self._last_redis_warning = float("-inf")
-        self._no_reap_until = float("-inf")
         self._flush_call: Any = None
         self._closing = False
         self.stream = ResponseStream(self.server, spider.name)
