@@ -261,7 +261,12 @@ def test_deploy_with_make_then_crawl_through_the_authenticated_api(
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "scrapyd-deploy default" in result.stdout and '"status": "ok"' in result.stdout
-        assert node.call("listspiders.json", project="scraper")["spiders"] == ["api_extract", "demo", "schema_org"]
+        assert node.call("listspiders.json", project="scraper")["spiders"] == [
+            "api_extract",
+            "demo",
+            "demo_sitemap",
+            "schema_org",
+        ]
 
         job = node.schedule()
         finished = node.wait(job)

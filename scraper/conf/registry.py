@@ -397,8 +397,8 @@ _ALL: list[Setting] = [
             "REVISIT_ENABLED",
             "bool",
             True,
-            "Keep each page's validators and change history (table `pages`) and send conditional requests "
-            "(`If-None-Match`, `If-Modified-Since`); a 304 keeps the page's items as seen.",
+            "Keep each page's validators and change history (table `pages`); revisit runs send conditional "
+            "requests (`If-None-Match`, `If-Modified-Since`), and a 304 keeps the page's items as seen.",
         ),
         (
             "REVISIT_DUE",

@@ -58,9 +58,13 @@ class ChangeClock:
         start: datetime | None = None,
         seed: int = 7,
         without_lastmod: float = 0.0,
+        lying_lastmod: bool = False,
     ) -> None:
         self.start = (start or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
         self.day = 0
+        # A sitemap regenerated each day with that day as every entry's lastmod, as some shop
+        # systems write it: true for the pages that changed, false for all the others.
+        self.lying_lastmod = lying_lastmod
         rng = random.Random(seed)
         self.rate: dict[int, str] = {}
         self.changefreq: dict[int, str] = {}
@@ -96,6 +100,11 @@ class ChangeClock:
         if not days:
             return self.start - FIRST_MODIFIED
         return self.start + timedelta(days=days[-1], hours=-1)
+
+    def sitemap_lastmod(self, product_id: int) -> datetime:
+        if self.lying_lastmod:
+            return self.start + timedelta(days=self.day, hours=-1)
+        return self.modified(product_id)
 
     def serve(self, product: Product, day: int | None = None) -> Versioned:
         """The product as served on *day*: its price moved once per change so far."""

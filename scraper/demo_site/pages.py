@@ -265,7 +265,7 @@ def render_sitemap(catalog: Catalog, changes: ChangeClock | None = None) -> Page
         entry = f"<url><loc>{ORIGIN}{product.canonical_path}</loc>"
         if changes is not None and product.id in changes.rate:
             if product.id not in changes.no_lastmod:
-                entry += f"<lastmod>{changes.modified(product.id).isoformat()}</lastmod>"
+                entry += f"<lastmod>{changes.sitemap_lastmod(product.id).isoformat()}</lastmod>"
             entry += f"<changefreq>{changes.changefreq[product.id]}</changefreq>"
         lines.append(entry + "</url>")
     lines.append("</urlset>\n")

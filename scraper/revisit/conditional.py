@@ -1,6 +1,7 @@
-"""Conditional revisits: a page fetched before is asked for again only if it changed.
+"""Conditional revisits: in a revisit run, a page fetched before is asked for again only if it
+changed.
 
-A request to a known page carries its validators (``If-None-Match`` with the ``ETag``,
+A revisit run's request to a known page carries its validators (``If-None-Match`` with the ``ETag``,
 ``If-Modified-Since`` with the ``Last-Modified`` it last answered). A ``304 Not Modified`` goes no
 further: the page is unchanged, its items are claimed as seen in this run (so gone-marking keeps
 them) and their ``last_seen`` refreshed, its interval grows (:mod:`.recorder`). A known page that
@@ -47,7 +48,9 @@ class ConditionalRequestsMiddleware:
         return cls(crawler, recorder)
 
     def process_request(self, request: Request) -> None:
-        if not self.recorder.ready or request.method not in ("GET", "HEAD"):
+        # A full crawl re-reads every page: after a spider's fix, a new field, a table emptied by
+        # hand, a 304 would keep the old reading. Only a revisit run asks conditionally.
+        if not self.recorder.due_run or not self.recorder.ready or request.method not in ("GET", "HEAD"):
             return
         if any(name in request.headers for name in _OWN):
             return  # the spider's own validators: its business

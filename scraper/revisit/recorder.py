@@ -19,6 +19,7 @@ script calls, before the page's lease is acknowledged, so the last node out read
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import defaultdict
@@ -88,7 +89,8 @@ class RevisitRecorder:
         self.spider_name = ""
         self._visits: dict[bytes, Visit] = {}
         self._dirty: dict[bytes, PageState] = {}
-        self._touch: dict[str, list[list[Any]]] = defaultdict(list)
+        # Items of pages not modified, by table: (page key, item key values).
+        self._touch: dict[str, list[tuple[bytes, list[Any]]]] = defaultdict(list)
         self._flushing: LoopingCall | None = None
         self._dedupe: DedupePipeline | None = None
         self.ready = False
@@ -124,10 +126,16 @@ class RevisitRecorder:
             finally:
                 conn.close()
         except psycopg2.Error as exc:
-            logger.warning("Could not read the page states of %r (%s): every page is fetched in full", spider.name, exc)
-            self.states = {}
-            if self.due_run:
-                raise  # a revisit run that cannot tell what is due would skip nothing and mark wrongly
+            # Then nothing is skipped and no validator sent; a revisit run also marks nothing gone
+            # (its expected items stay empty).
+            logger.error(
+                "Could not read the page states of %r (%s): every page is fetched in full%s",
+                spider.name,
+                exc,
+                " and this revisit run marks nothing gone" if self.due_run else "",
+            )
+            self.stats.set_value("revisit/states_unreadable", 1)
+            return
         self.ready = True
         self.stats.set_value("revisit/pages_known", len(self.states))
         if self.states:
@@ -156,7 +164,7 @@ class RevisitRecorder:
         touch, self._touch = self._touch, defaultdict(list)
         return defer_to_thread(self._write, dirty, touch)
 
-    def _write(self, dirty: dict[bytes, PageState], touch: dict[str, list[list[Any]]]) -> None:
+    def _write(self, dirty: dict[bytes, PageState], touch: dict[str, list[tuple[bytes, list[Any]]]]) -> None:
         from ..items import stored_item_types
 
         types = {t.table: t for t in stored_item_types()}
@@ -164,10 +172,16 @@ class RevisitRecorder:
             conn = psycopg2.connect(self.dsn, connect_timeout=10, application_name="revisit")
             try:
                 with conn, conn.cursor() as cur:
+                    touched, missing = 0, set()
+                    for table, entries in touch.items():
+                        if table not in types:
+                            continue
+                        found = store.touch(cur, self.spider_name, types[table], [values for _, values in entries])
+                        touched += len(found)
+                        missing |= {page for page, values in entries if json.dumps(values, default=str) not in found}
+                    for page in missing & dirty.keys():
+                        self._refetch(dirty[page])
                     store.save(cur, self.spider_name, dirty.items())
-                    touched = sum(
-                        store.touch(cur, self.spider_name, types[t], keys) for t, keys in touch.items() if t in types
-                    )
             finally:
                 conn.close()
         except psycopg2.Error as exc:
@@ -178,6 +192,20 @@ class RevisitRecorder:
             )
             return
         self.stats.inc_value("revisit/touched", touched)
+        if missing:
+            self.stats.inc_value("revisit/rows_missing", len(missing))
+            logger.warning(
+                "%d page(s) answered 304 but their rows are gone from the database (deleted by hand?): "
+                "they are fetched in full at the next revisit run",
+                len(missing),
+            )
+
+    @staticmethod
+    def _refetch(state: PageState) -> None:
+        """The page's next visit is a full one, due at once: its validators would keep its rows missing."""
+        state.etag = state.last_modified = None
+        state.content_hash = None
+        state.next_due = state.fetched_at
 
     # -- what the middlewares ask -----------------------------------------------------------------
     def state(self, key: bytes) -> PageState | None:
@@ -265,7 +293,7 @@ class RevisitRecorder:
             state.lastmod = lastmod
         self._dirty[key] = state
         for table, values in items:
-            self._touch[table].append(values)
+            self._touch[table].append((key, values))
         self.stats.inc_value("revisit/not_modified")
 
     async def gone(self, key: bytes, url: str) -> None:

@@ -100,6 +100,8 @@ def is_due(state: PageState, now: float, schedule: Schedule, lastmod: float | No
     """Whether a revisit run at *now* fetches the page (*lastmod*: its sitemap's, if any)."""
     if state.kind == LISTING:
         return now >= state.fetched_at + schedule.listing
+    if state.content_hash is None:
+        return True  # what it holds is unknown (its rows went missing): read it again
     lastmod = lastmod if lastmod is not None else state.lastmod
     if lastmod is not None and state.trusts_hints(schedule):
         return lastmod > state.fetched_at or now >= state.fetched_at + schedule.maximum
@@ -111,6 +113,8 @@ def due_without_sitemap(state: PageState, now: float, schedule: Schedule) -> boo
     is left to the sitemap (read during the run), but for the maximum interval's check."""
     if state.kind == LISTING:
         return False  # reached from the spider's own start, at the listing rate
+    if state.content_hash is None:
+        return True
     if state.lastmod is not None and state.trusts_hints(schedule):
         return now >= state.fetched_at + schedule.maximum
     return now >= state.next_due

@@ -132,20 +132,21 @@ def save(cur: Any, spider: str, states: Iterable[tuple[bytes, PageState]]) -> in
     return len(rows)
 
 
-def touch(cur: Any, spider: str, item_type: type[StoredItem], keys: list[list[Any]]) -> int:
-    """Refresh ``last_seen`` of the *spider*'s live rows under *keys*: the items of pages that
-    answered "not modified" are still on the site."""
+def touch(cur: Any, spider: str, item_type: type[StoredItem], keys: list[list[Any]]) -> set[str]:
+    """Refresh ``last_seen`` of the *spider*'s live rows under *keys* (the items of pages that
+    answered "not modified" are still on the site); returns the keys found (as JSON text): a key
+    not found is a row no longer there (deleted by hand, never stored)."""
     if not keys:
-        return 0
+        return set()
     cur.execute("CREATE TEMP TABLE IF NOT EXISTS _touched_keys (key jsonb) ON COMMIT DROP")
     execute_values(cur, "INSERT INTO _touched_keys (key) VALUES %s", [(json.dumps(k, default=str),) for k in keys])
     cur.execute(
         sql.SQL(
             "UPDATE {table} t SET last_seen = now() FROM _touched_keys g "
-            "WHERE {match} AND t.spider = %s AND t.gone_at IS NULL"
+            "WHERE {match} AND t.spider = %s RETURNING g.key::text"
         ).format(table=sql.Identifier(item_type.table), match=key_match(item_type, "t", "g.key")),
         (spider,),
     )
-    touched = cur.rowcount
+    found = {json.dumps(json.loads(row[0]), default=str) for row in cur.fetchall()}
     cur.execute("DELETE FROM _touched_keys")
-    return touched
+    return found
