@@ -49,15 +49,24 @@ def _declared(name: str, default: Any, minimum: Any = None, maximum: Any = None)
     """The default and bounds a getter applies: those given, else the registry's."""
     if default is not _REGISTRY and minimum is not None and maximum is not None:
         return default, minimum, maximum
+    return _registry_default(name, default), *_registry_bounds(name, minimum, maximum)
+
+
+def _registry_default(name: str, default: Any) -> Any:
+    """*default*, or the registry's when the getter gave none."""
+    if default is not _REGISTRY:
+        return default
     setting = REGISTRY.get(name)
-    if default is _REGISTRY:
-        if setting is None:
-            raise KeyError(f"{name} is not a declared setting (scraper/conf/registry.py): give a default")
-        default = setting.default
-    if setting is not None:
-        minimum = setting.minimum if minimum is None else minimum
-        maximum = setting.maximum if maximum is None else maximum
-    return default, minimum, maximum
+    if setting is None:
+        raise KeyError(f"{name} is not a declared setting (scraper/conf/registry.py): give a default")
+    return setting.default
+
+
+def _registry_bounds(name: str, minimum: Any, maximum: Any) -> tuple[Any, Any]:
+    setting = REGISTRY.get(name)
+    if setting is None:
+        return minimum, maximum
+    return (setting.minimum if minimum is None else minimum, setting.maximum if maximum is None else maximum)
 
 
 def _bounded(name: str, value: float, minimum: Any, maximum: Any) -> None:
@@ -103,7 +112,7 @@ def get_float(
 
 def get_bool(settings: BaseSettings, name: str, default: Any = _REGISTRY) -> bool:
     """A true/false setting (1/0, yes/no, on/off too); unset: *default*, else the registry's."""
-    default, _, _ = _declared(name, default, 0, 0)
+    default = _registry_default(name, default)
     raw: Any = settings.get(name, default)
     if isinstance(raw, bool):
         return raw
@@ -117,7 +126,7 @@ def get_bool(settings: BaseSettings, name: str, default: Any = _REGISTRY) -> boo
 
 def get_choice(settings: BaseSettings, name: str, default: Any = _REGISTRY, choices: tuple[str, ...] = ()) -> str:
     """One of *choices* (else the registry's), lower case; unset: *default*, else the registry's."""
-    default, _, _ = _declared(name, default, 0, 0)
+    default = _registry_default(name, default)
     if not choices:
         choices = declared(name).choices
     value = str(settings.get(name, default) or default).strip().lower()

@@ -87,6 +87,8 @@ EXTENSIONS = {
     # After RunRecorder: a run's data quality is checked once its figures are final.
     "scraper.quality.monitor.QualityMonitor": 160,
     "scraper.extensions.progress.ProgressLog": 500,
+    # The crawl's one Postgres writer, made by the first component that stores.
+    "scraper.storage.owner.PostgresStore": 140,
     # Each page's validators and change history (scraper/revisit).
     "scraper.revisit.recorder.RevisitRecorder": 170,
     # PROCESSING=decoupled only: a fetcher stays while the stream holds responses.

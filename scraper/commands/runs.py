@@ -26,6 +26,7 @@ from ..quality import report as quality_report
 from ..quality import store as quality_store
 from ..queue import keys
 from ..runs import record
+from ..runs.cost import cost as run_cost
 from ..runs.nodes import NodeRegistry
 from ..runs.state import summed_figures
 from . import backends_or_report
@@ -101,12 +102,16 @@ def merged_runs(server: Any, conn: Any, spiders: list[str], node_ttl: float, lim
 def cost(row: dict[str, Any]) -> dict[str, Any]:
     """What the run's changes cost: changes captured (rows new or updated), and pages fetched and
     scraping-API credits spent per change (None without a change)."""
-    changes = int(row.get("items_new") or 0) + int(row.get("items_updated") or 0)
-    pages, credits = float(row.get("pages") or 0), float(row.get("api_credits") or 0)
+    found = run_cost(
+        row.get("items_new") or 0,
+        row.get("items_updated") or 0,
+        float(row.get("pages") or 0),
+        float(row.get("api_credits") or 0),
+    )
     return {
-        "changes": changes,
-        "pages_per_change": round(pages / changes, 2) if changes else None,
-        "credits_per_change": round(credits / changes, 2) if changes and credits else None,
+        "changes": found.changes,
+        "pages_per_change": None if found.pages_per_change is None else round(found.pages_per_change, 2),
+        "credits_per_change": None if found.credits_per_change is None else round(found.credits_per_change, 2),
     }
 
 

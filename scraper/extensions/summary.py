@@ -18,6 +18,7 @@ from typing import Any
 from scrapy import Request, signals
 
 from ..item_observers import on_response_received
+from ..runs.cost import cost
 
 logger = logging.getLogger(__name__)
 
@@ -141,15 +142,18 @@ class CrawlSummary:
         values = stats.get_stats()
         run = f", run {values['run/id']} of {self.crawler.spider.name}" if values.get("run/id") else ""
         logger.info("Crawl summary (%s%s): %s", reason, run, summarize(values, now - self.started))
-        changes = int(values.get("postgres/inserted", 0)) + int(values.get("postgres/updated", 0))
-        if changes:
-            pages = values.get("response_received_count", 0)
-            credits = values.get("scraping_api/credits", 0)
+        spent = cost(
+            values.get("postgres/inserted", 0),
+            values.get("postgres/updated", 0),
+            values.get("response_received_count", 0),
+            values.get("scraping_api/credits", 0),
+        )
+        if spent.changes:
             logger.info(
                 "Cost: %d changes captured, %.1f pages%s per change",
-                changes,
-                pages / changes,
-                f" and {credits / changes:.1f} API credits" if credits else "",
+                spent.changes,
+                spent.pages_per_change,
+                "" if spent.credits_per_change is None else f" and {spent.credits_per_change:.1f} API credits",
             )
         revisit = revisit_line(values)
         if revisit:

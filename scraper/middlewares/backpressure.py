@@ -19,7 +19,7 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
-from ..storage.writer import existing_writer
+from ..storage.owner import PostgresStore, store_of
 from .requeue import requeue
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ class StoreBackpressureMiddleware:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self._holding = 0
+        # Looked up once: every request asks it.
+        self.store: PostgresStore | None = store_of(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> StoreBackpressureMiddleware:
@@ -36,7 +38,7 @@ class StoreBackpressureMiddleware:
 
     async def process_request(self, request: Request) -> None:
         # Only a crawl that stores items has a writer (the store pipeline creates it).
-        writer = existing_writer(self.crawler)
+        writer = self.store.writer if self.store is not None else None
         if writer is None or not writer.over_limit():
             return None
         stats = self.crawler.stats

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from typing import Any
 
 from scrapy import Request
@@ -35,11 +36,15 @@ ATTEMPTS_META = "callback_attempts"
 REASON_CLASS = re.compile(r"[\s:]")
 
 
+# The dead-letter store of each crawl, made when its first dead letter comes (kept here, by
+# crawler, rather than on the crawler: no component reads another's private state).
+_STORES: weakref.WeakKeyDictionary[Any, DeadLetters] = weakref.WeakKeyDictionary()
+
+
 def _dead_letters(crawler: Any) -> DeadLetters:
-    store = getattr(crawler, "_dead_letters", None)
+    store = _STORES.get(crawler)
     if store is None:
-        store = DeadLetters(get_redis(crawler.settings["REDIS_URL"]), crawler.spider)
-        crawler._dead_letters = store
+        store = _STORES[crawler] = DeadLetters(get_redis(crawler.settings["REDIS_URL"]), crawler.spider)
     return store
 
 

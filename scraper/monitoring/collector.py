@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from ..storage.writer import existing_writer
+from ..storage.owner import existing_writer
 
 logger = logging.getLogger(__name__)
 

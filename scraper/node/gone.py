@@ -31,7 +31,7 @@ from ..queue.keys import REVISIT_DUE_FIELD, items_seen_key, revisit_expected_key
 from ..runs_hook import current_run_id, run_finished
 from ..storage import held
 from ..storage.history import key_match
-from ..storage.writer import existing_writer
+from ..storage.owner import existing_writer
 
 logger = logging.getLogger(__name__)
 

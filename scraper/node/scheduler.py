@@ -49,7 +49,7 @@ from ..queue.replication import ReplicaBarrier
 from ..queue.shards import Shards, discard_shards, shard_count, shards_setting
 from ..runs.nodes import NodeRegistry
 from ..runs.state import Decision, RunState
-from ..storage.writer import existing_writer
+from ..storage.owner import store_of
 from .lease_keeper import LeaseKeeper
 from .membership import RunMembership
 
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 
 class SharedScheduler(Scheduler):
+    _store: Any = None  # the crawl's Postgres store, looked up when first needed
+
     @classmethod
     def from_crawler(cls, crawler: Any) -> SharedScheduler:
         settings = crawler.settings
@@ -328,7 +330,9 @@ class SharedScheduler(Scheduler):
         """Have the writer commit the rows waiting now, rather than at ``POSTGRES_FLUSH_INTERVAL``,
         once *enough* of them wait, or whenever no download is in flight to bring more (the end
         of a crawl, or the lease cap): their pages' leases, and the end of the crawl, wait on them."""
-        writer = existing_writer(self.crawler)
+        if self._store is None:
+            self._store = store_of(self.crawler)
+        writer = self._store.writer if self._store is not None else None
         if writer is None or writer.gave_up is not None:
             return
         waiting = writer.pending()

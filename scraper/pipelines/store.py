@@ -15,8 +15,9 @@ from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
+from ..storage.owner import writer_for
 from ..storage.upsert import Row
-from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from ..storage.writer import DatabaseUnavailable, WriteFailed
 from .unstored import set_aside
 from .validate import reject_record
 

@@ -26,20 +26,35 @@ logger = logging.getLogger(__name__)
 CLOSE_REASON = "postgres_unavailable"
 
 
+class _Unstored:
+    """Per crawl: the pages already set aside, and whether the crawl is already stopping."""
+
+    def __init__(self) -> None:
+        self.buried: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.stopping = False
+
+
+# Kept here, by crawler, rather than on the crawler: no component reads another's private state.
+_CRAWLS: weakref.WeakKeyDictionary[Any, _Unstored] = weakref.WeakKeyDictionary()
+
+
 def set_aside(crawler: Any, item: Any, error: Exception, stop: bool = True) -> DropItem:
     """Dead-letter *item*'s page (once per page) and, with *stop*, stop the crawl; returns the
     DropItem to raise."""
     crawler.stats.inc_value("postgres/items_not_stored")
     request = getattr(item, "_request", None)
-    buried = crawler.__dict__.setdefault("_unstored_requests", weakref.WeakSet())
+    unstored = _CRAWLS.get(crawler)
+    if unstored is None:
+        unstored = _CRAWLS[crawler] = _Unstored()
+    buried = unstored.buried
     if request is not None and request not in buried:
         buried.add(request)
         bury(crawler, request, f"store: {error}", 1)
     elif request is None:
         logger.error("An item that could not be stored has no page to dead-letter: %r", item)
     engine = crawler.engine
-    if stop and not crawler.__dict__.get("_closing_for_postgres"):
-        crawler._closing_for_postgres = True
+    if stop and not unstored.stopping:
+        unstored.stopping = True
         logger.error(
             "Stopping the crawl: %s. Its pages are dead letters (requeue them with "
             "`scrapy dlq requeue %s --reason store`); the queue is kept.",

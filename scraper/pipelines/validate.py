@@ -20,7 +20,8 @@ from scrapy.exceptions import DropItem
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..items.base import StoredItem
-from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from ..storage.owner import writer_for
+from ..storage.writer import DatabaseUnavailable, WriteFailed
 from .unstored import set_aside
 
 logger = logging.getLogger(__name__)

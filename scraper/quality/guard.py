@@ -38,7 +38,8 @@ from ..items.base import StoredItem
 from ..pipelines.unstored import set_aside
 from ..runs_hook import current_run_id
 from ..storage import held
-from ..storage.writer import DatabaseUnavailable, WriteFailed, writer_for
+from ..storage.owner import writer_for
+from ..storage.writer import DatabaseUnavailable, WriteFailed
 from .breaks import break_key, run_break  # noqa: F401  (run_break: read from here by others)
 from .checks import _reject_fields, _reject_share
 from .coverage import filled
