@@ -66,6 +66,7 @@ COUNTERS = {
     "scraper_archive_not_archived_total",
     "scraper_quality_held_items_total",
     "scraper_politeness_throttled_total",
+    "scraper_revisit_pages_total",
 }
 GAUGES = {
     "scraper_api_budget_credits",

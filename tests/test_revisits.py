@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -31,7 +32,7 @@ def on_day(env: dict[str, str], day: float) -> dict[str, str]:
     return {**env, "FAKETIME": f"+{day * 24:g}h", "DONT_FAKE_MONOTONIC": "1", "LD_PRELOAD": LIBFAKETIME}
 
 
-def run(env: dict[str, str], *args: str, spider: str = "demo_sitemap"):
+def run(env: dict[str, str], *args: str, spider: str = "demo_sitemap") -> subprocess.CompletedProcess:
     result = run_scrapy(env, "crawl", spider, *args, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
@@ -62,10 +63,11 @@ def shop():
         yield catalog, clock, site
 
 
-def test_a_revisit_run_fetches_the_pages_the_sitemap_says_changed_and_stores_every_change(clean, shop) -> None:
+@pytest.mark.parametrize("sitemap", ["sitemap.xml", "sitemap.xml.gz"])
+def test_a_revisit_run_fetches_the_pages_the_sitemap_says_changed_and_stores_every_change(clean, shop, sitemap) -> None:
     catalog, clock, site = shop
     env = crawl_env(clean, DEMO_SITE_URL=site.url, METRICS_ENABLED="false")
-    first = run(env)
+    first = run(env, "-a", f"sitemap={sitemap}")
     assert len(product_requests(site)) == len(catalog.valid_products())
     assert stat(first.stderr, "revisit/new") >= len(catalog.valid_products())
     known = clean.query("SELECT count(*) FROM pages WHERE spider = 'demo_sitemap' AND kind = 'items'")[0][0]
@@ -74,7 +76,7 @@ def test_a_revisit_run_fetches_the_pages_the_sitemap_says_changed_and_stores_eve
     changed = site.set_day(1)
     assert changed, "the clock changes some products on day 1"
     site.reset_stats()
-    second = run(on_day(env, 1), "--due")
+    second = run(on_day(env, 1), "--due", "-a", f"sitemap={sitemap}")
     fetched = product_requests(site)
     ids = {p.id for p in catalog.valid_products()}
     # The changed pages, as the sitemap's lastmod said; and those it gives no lastmod (a free

@@ -7,6 +7,7 @@ byte replace at send time is far cheaper than re-rendering.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from html import escape
@@ -40,6 +41,7 @@ class Page:
     content_type: str
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    gzipped: bool = False  # sent gzipped, as a file (a sitemap.xml.gz), once its origin is in
     templated: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,9 +49,8 @@ class Page:
 
     def body_for(self, origin: str) -> bytes:
         """Body with absolute URLs pointing at ``origin`` ("http://host:port")."""
-        if not self.templated:
-            return self.body
-        return self.body.replace(_ORIGIN_BYTES, origin.encode("ascii"))
+        body = self.body.replace(_ORIGIN_BYTES, origin.encode("ascii")) if self.templated else self.body
+        return gzip.compress(body, mtime=0) if self.gzipped else body
 
 
 def _e(text: str) -> str:

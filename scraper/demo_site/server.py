@@ -66,6 +66,8 @@ def _route(catalog: Catalog, path: str, query: str) -> _RouteKey | None:
         return ("robots",)
     if path == "/sitemap.xml":
         return ("sitemap",)
+    if path == "/sitemap.xml.gz":
+        return ("sitemap.gz",)
     if path[:4] in _SECTION_PREFIXES:
         return section_route(catalog, path)
     if m := _PRODUCT.fullmatch(path):
@@ -129,6 +131,9 @@ class _Renderer:
             return pages.render_robots()
         if kind == "sitemap":
             return pages.render_sitemap(self.catalog, self.changes)
+        if kind == "sitemap.gz":  # the same, as a gzipped file (served with its own origin: see body_for)
+            plain = pages.render_sitemap(self.catalog, self.changes)
+            return Page(200, "application/x-gzip", plain.body, gzipped=True)
         if kind == "listing":
             page = pages.render_listing(self.catalog, key[1], key[2])
             return page if page is not None else _NOT_FOUND

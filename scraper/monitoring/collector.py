@@ -188,6 +188,16 @@ class CrawlCollector(Collector):
             ["spider"],
             {(s,): get("politeness/wait_seconds")},
         )
+        yield _counter(
+            "scraper_revisit_pages",
+            "Pages by what their visit found (changed, unchanged, new, not_modified: a 304) or what a revisit "
+            "run did (skipped: a link to a page not due; seeded: a page due by its history).",
+            ["spider", "outcome"],
+            {
+                (s, outcome): get(f"revisit/{outcome}")
+                for outcome in ("changed", "unchanged", "new", "not_modified", "skipped", "seeded")
+            },
+        )
 
         yield _counter("scraper_items_scraped", "Items the spider yielded.", ["spider"], {(s,): get("items/yielded")})
         duplicates, rejects = get("item_duplicates_dropped"), get("item_rejected_count")

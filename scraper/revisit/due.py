@@ -101,10 +101,18 @@ class RevisitMiddleware:
         return callback.__name__
 
     def _sitemap_hints(self, response: Any) -> dict[str, tuple[float | None, str | None]]:
-        if not isinstance(response, TextResponse) or b"<urlset" not in response.body[:4096]:
+        body = response.body
+        # A SitemapSpider's sitemap may come gzipped (sitemap.xml.gz): it knows how to open it.
+        opener = getattr(self.crawler.spider, "_get_sitemap_body", None)
+        if callable(opener) and not isinstance(response, TextResponse):
+            try:
+                body = opener(response) or b""
+            except Exception:
+                return {}
+        if b"<urlset" not in body[:4096]:
             return {}
         try:
-            sitemap = Sitemap(response.body)
+            sitemap = Sitemap(body)
         except Exception:  # not one after all: no hints
             return {}
         if sitemap.type != "urlset":
@@ -125,7 +133,7 @@ class RevisitMiddleware:
                 request.meta[LASTMOD_META] = lastmod
                 request.meta[CHANGEFREQ_META] = changefreq
         recorder = self.recorder
-        if request.dont_filter:
+        if request.dont_filter or not (recorder.due_run or hints):
             return True
         state = recorder.state(self.fingerprinter.fingerprint(request))
         if state is None:

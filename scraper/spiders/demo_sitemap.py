@@ -22,7 +22,9 @@ class DemoSitemapSpider(SitemapSpider):
     coverage = DemoSpider.coverage
 
     async def start(self) -> AsyncIterator[Any]:
-        yield scrapy.Request(self.site_url().rstrip("/") + "/sitemap.xml", callback=self._parse_sitemap)
+        # -a sitemap=sitemap.xml.gz reads the gzipped copy.
+        path = getattr(self, "sitemap", None) or "sitemap.xml"
+        yield scrapy.Request(f"{self.site_url().rstrip('/')}/{path}", callback=self._parse_sitemap)
 
     site_url = DemoSpider.site_url
     parse_product = DemoSpider.parse_product
