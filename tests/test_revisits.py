@@ -288,3 +288,10 @@ def test_a_sitemap_whose_lastmod_keeps_lying_stops_deciding(clean) -> None:
     # five-day first interval, not yet up); the pages that did change lately are still read.
     assert all(days == hinted for days in fetched_per_day[:3])
     assert len(fetched_per_day[3]) < len(hinted) / 2, (len(fetched_per_day[3]), len(hinted))
+
+
+def test_a_revisit_run_without_page_states_is_refused_at_start(clean) -> None:
+    result = run_scrapy(crawl_env(clean, REVISIT_ENABLED="false"), "crawl", "demo", "--due", timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "REVISIT_DUE (scrapy crawl --due) needs REVISIT_ENABLED=true" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from scrapy.commands.crawl import Command as ScrapyCrawl
 
 from .. import addon, backends
-from ..config import ConfigError
+from ..config import ConfigError, get_bool
 from ..scraping_api.middleware import get_settings as api_settings
 
 
@@ -55,6 +55,11 @@ class Command(ScrapyCrawl):
             crawler.settings.set("METRICS_ANNOUNCE", True, priority="cmdline")
             if getattr(opts, "due", False):
                 crawler.settings.set("REVISIT_DUE", True, priority="cmdline")
+            if get_bool(crawler.settings, "REVISIT_DUE") and not get_bool(crawler.settings, "REVISIT_ENABLED"):
+                raise ConfigError(
+                    "REVISIT_DUE (scrapy crawl --due) needs REVISIT_ENABLED=true: a revisit run decides "
+                    "what to fetch from the page states"
+                )
             if getattr(opts, "fresh", False):
                 crawler.settings.set("RUNS_FRESH", True, priority="cmdline")
                 _refuse_fresh_while_running(found.redis_url, args[0], crawler.settings)

@@ -98,9 +98,8 @@ class RevisitRecorder:
     @classmethod
     def from_crawler(cls, crawler: Any) -> RevisitRecorder:
         settings = crawler.settings
+        # (`scrapy crawl --due` with REVISIT_ENABLED=false is refused at start: scraper/commands/crawl.py.)
         if not get_bool(settings, "REVISIT_ENABLED") or not is_crawl_node(settings) or not settings.get("DATABASE_URL"):
-            if get_bool(settings, "REVISIT_DUE") and is_crawl_node(settings):
-                raise NotConfigured("REVISIT_DUE needs REVISIT_ENABLED and a database")
             raise NotConfigured("page states are kept by crawl nodes with a database")
         if settings.getbool("ARCHIVE_REPLAY"):
             raise NotConfigured("a replay fetches nothing")
