@@ -258,6 +258,7 @@ def test_a_revisit_of_the_category_crawl_visits_listings_and_fetches_each_due_pr
         assert all(requests.get(p) == 1 for p in listings), [p for p in listings if requests.get(p) != 1]
         assert stat(result.stderr, "revisit/skipped") > 0
         assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+        assert "visited no page that had items: nothing to mark gone" in result.stderr
         site.set_day(3)
         site.reset_stats()
         # Three days on, every product is due: each fetched once, whatever URLs lead to it.

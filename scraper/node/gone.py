@@ -184,20 +184,25 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
         holding = bool(broken) and (crawler.settings.get("QUALITY_ON_BREAK") or "hold").strip().lower() != "continue"
         if holding:
             _restore(crawler, writer, spider, broken)
-        if taken is None or _mostly_failed(crawler.stats):
+        only = _revisited(server, expected)
+        if only is not None and not only:
+            logger.info("Revisit run of %r visited no page that had items: nothing to mark gone", spider)
+            return
+        # A revisit run that saw nothing may still have expected items (pages answering 404).
+        if (taken is None and only is None) or _mostly_failed(crawler.stats):
             logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)
             return
-        # A thousand claims per round trip: Redis' default of ten made the last node's close
-        # one round trip per ten items stored (460 for the 5,000-product demo shop).
-        seen = (
-            field.decode() if isinstance(field, bytes) else field for field, _ in server.hscan_iter(taken, count=1000)
-        )
-        run_id = current_run_id(crawler)
-        only = _revisited(server, expected)
         if only is not None:
             logger.info(
                 "Revisit run of %r: gone-marking covers the %d item(s) of the pages it visited", spider, len(only)
             )
+        # A thousand claims per round trip: Redis' default of ten made the last node's close
+        # one round trip per ten items stored (460 for the 5,000-product demo shop).
+        seen = (
+            field.decode() if isinstance(field, bytes) else field
+            for field, _ in (server.hscan_iter(taken, count=1000) if taken is not None else ())
+        )
+        run_id = current_run_id(crawler)
         conn = psycopg2.connect(writer.dsn)
         try:
             if holding:
