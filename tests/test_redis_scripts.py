@@ -12,8 +12,11 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
-def test_a_pipelined_script_costs_no_extra_round_trip_and_survives_a_script_flush(clean) -> None:
-    pool = redis.ConnectionPool.from_url(clean.redis_url)
+def test_a_pipelined_script_costs_no_extra_round_trip_and_survives_a_script_flush(own_redis) -> None:
+    # A Redis of its own: a script flush on the shared one would fail the scripts of the crawls
+    # other tests run meanwhile (found by the suite: a crawl's lease script, NOSCRIPT twice).
+    kwargs = own_redis.connection_pool.connection_kwargs
+    pool = redis.ConnectionPool.from_url(f"redis://{kwargs['host']}:{kwargs['port']}/0")
 
     class _CountingConnection(pool.connection_class):  # TCP, or the embedded server's socket
         sends = 0

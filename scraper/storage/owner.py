@@ -30,9 +30,7 @@ class PostgresStore:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> PostgresStore:
-        ext = cls(crawler)
-        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        return ext
+        return cls(crawler)
 
     def open_writer(self) -> PostgresWriter:
         if self.writer is not None:
@@ -54,9 +52,12 @@ class PostgresStore:
         writer.open(stored_item_types())
         logger.info("Storing items in %s", mask_url(settings["DATABASE_URL"]))
         self.writer = writer
+        # Connected now, after every extension's own handler: the writer closes (drained) last,
+        # once the run's recorder, the quality monitor and the revisit recorder are done.
+        self.crawler.signals.connect(self._close, signal=signals.spider_closed)
         return writer
 
-    async def spider_closed(self) -> None:
+    async def _close(self) -> None:
         if self.writer is not None:
             await self.writer.close()
 
