@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 from scrapy import Request
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 
 from .due import HINTED_META, LASTMOD_META
-from .recorder import RevisitRecorder
+from .recorder import RevisitRecorder, recorder_of
 from .schedule import ITEMS
 
 CONDITIONAL_META = "revisit_conditional"
@@ -42,10 +42,7 @@ class ConditionalRequestsMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ConditionalRequestsMiddleware:
-        recorder = crawler.get_extension(RevisitRecorder)
-        if recorder is None:
-            raise NotConfigured("no page states kept")
-        return cls(crawler, recorder)
+        return cls(crawler, recorder_of(crawler))
 
     def process_request(self, request: Request) -> None:
         # A full crawl re-reads every page: after a spider's fix, a new field, a table emptied by

@@ -25,13 +25,12 @@ from typing import Any
 
 from itemadapter import ItemAdapter
 from scrapy import Request
-from scrapy.exceptions import NotConfigured
 from scrapy.http import TextResponse
 from scrapy.utils.sitemap import Sitemap
 
 from ..identity.canonical import canonical_link
 from ..items.base import StoredItem
-from .recorder import RevisitRecorder, Visit
+from .recorder import RevisitRecorder, Visit, recorder_of
 from .schedule import ITEMS, LISTING, due_without_sitemap, is_due, parse_lastmod
 
 logger = logging.getLogger(__name__)
@@ -55,10 +54,7 @@ class RevisitMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> RevisitMiddleware:
-        recorder = crawler.get_extension(RevisitRecorder)
-        if recorder is None:
-            raise NotConfigured("no page states kept")
-        return cls(crawler, recorder)
+        return cls(crawler, recorder_of(crawler))
 
     # -- a revisit run's start ---------------------------------------------------------------------
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:

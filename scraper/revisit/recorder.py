@@ -77,6 +77,14 @@ class Visit:
     items: list[list[Any]] = field(default_factory=list)
 
 
+def recorder_of(crawler: Any) -> RevisitRecorder:
+    """The crawl's recorder, for the revisit middlewares; NotConfigured when it keeps no states."""
+    recorder = crawler.get_extension(RevisitRecorder)
+    if recorder is None:
+        raise NotConfigured("no page states kept")
+    return recorder
+
+
 class RevisitRecorder:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
