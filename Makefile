@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine (only Python 3.11+ needed):
 #   make demo   crawl the bundled demo shop through the whole pipeline (embedded Redis + Postgres);
 #               make demo API=1 fetches every page through the local scraping-API stand-in;
-#               make demo BREAK=1 serves half the product pages in a new layout (data-quality drill)
+#               make demo BREAK=1 serves half the product pages in a new layout (data-quality drill);
+#               make demo RENDER=1 crawls the shop's JavaScript-only section in a real browser
 #   make test   install what the tests need and run them
 #   make docs   build the documentation site into .site/ (mkdocs, strict)
 PYTHON ?= python3
@@ -24,7 +25,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/scrapy demo --products $(PRODUCTS) $(if $(API),--api) $(if $(BREAK),--break-layout)
+	$(BIN)/scrapy demo --products $(PRODUCTS) $(if $(API),--api) $(if $(BREAK),--break-layout) $(if $(RENDER),--render)
 
 demo-site: $(STAMP)
 	$(BIN)/python -m scraper.demo_site --port 8765 --products $(PRODUCTS)
@@ -32,8 +33,9 @@ demo-site: $(STAMP)
 # System tools the tests drive, from Debian's archive (installed here, never inside a test):
 # faketime (a worker with a skewed clock), prometheus/promtool (scrapes, alert-rule tests),
 # redis-server/redis-cli (servers a test injects faults into, Redis Cluster), docker-compose
-# (the compose file's validation).
-TOOLS = faketime:faketime promtool:prometheus prometheus:prometheus redis-server:redis-server \
+# (the compose file's validation), chromium (the browser that renders pages; Playwright's own
+# browser download is not used).
+TOOLS = faketime:faketime promtool:prometheus prometheus:prometheus redis-server:redis-server chromium:chromium \
         redis-cli:redis-tools docker-compose:docker-compose
 tools:
 	@missing=""; for pair in $(TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \

@@ -29,6 +29,9 @@ comparison it belongs to), so that successive runs can be compared.
   ``bench/decoupled.py``).
 * reprocess: ``scrapy reprocess`` pages/s against the live crawl's, pages served instantly and at
   100 ms per page (see ``bench/reprocess.py``).
+* page_states: a revisit run's time to its first request and peak RSS against the pages its
+  spider knows (synthetic rows, 10k and 1M by default), beside an earlier checkout's
+  (``--page-states-before``; see ``bench/page_states.py``).
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
@@ -502,6 +505,7 @@ PARTS = (
     "reprocess",
     "politeness",
     "recrawl",
+    "page_states",
 )
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
@@ -830,6 +834,30 @@ def politeness_part(args: Any, res: Results, redis_url: str, server: Any, dsn: s
         )
         res.add(cmp, f"{workers} workers: 429s / requests", r["throttled_share"], "x", **r)
         res.add(cmp, f"{workers} workers: settled rate / limit", r["settled_rate"] / args.politeness_limit, "x")
+    if not args.politeness_short_runs:
+        return
+    # The first seconds decide the 429s of a short crawl: the same crawl run again and again, as
+    # each run's share varies (a mean would hide the bad runs).
+    short, workers = args.politeness_short_products, 2
+    print(
+        f"\nshort crawl, {workers} workers, {short} products, {args.politeness_short_runs} runs, nothing declared ...",
+        flush=True,
+    )
+    print(f"{'run':>8}{'pages':>7}{'stored':>8}{'requests':>10}{'429s':>7}{'429 %':>7}{'pages/s':>9}", flush=True)
+    shares = []
+    for run in range(1, args.politeness_short_runs + 1):
+        server.flushdb()
+        drop_tables(dsn)
+        r = politeness.measure(env, dsn, args.politeness_limit, short, workers)
+        shares.append(r["throttled_share"])
+        print(
+            f"{run:>8}{r['pages']:>7}{r['stored']:>5}/{r['valid_products']:<3}{r['requests']:>9}"
+            f"{r['throttled']:>7}{100 * r['throttled_share']:>6.1f}%{r['pages_per_s']:>9.1f}",
+            flush=True,
+        )
+        res.add(cmp, "short crawl: 429s / requests", r["throttled_share"], "x", run=run, **r)
+    print(f"worst run: {100 * max(shares):.1f} % answered 429 (aim <= 5 % in every run)", flush=True)
+    res.add(cmp, "short crawl: worst run's 429s / requests", max(shares), "x", runs=len(shares))
 
 
 def recrawl_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
@@ -858,6 +886,30 @@ def recrawl_part(args: Any, res: Results, redis_url: str, server: Any, dsn: str)
     res.add(cmp, "product-page requests / full daily recrawl's", r["request_share"], "x", **r)
     res.add(cmp, "changes captured within their day", r["captured_share"], "x")
     res.add(cmp, "product-page requests per change", r["requests_per_change"], "requests")
+
+
+def page_states_part(args: Any, res: Results, dsn: str) -> None:
+    import page_states  # bench/page_states.py
+
+    sizes = [int(n) for n in args.page_states_sizes.split(",")]
+    print(f"\na revisit run's start, knowing {', '.join(f'{n:,}' for n in sizes)} synthetic pages ...", flush=True)
+    r = page_states.measure(dsn, sizes, args.page_states_before, args.page_states_before_max, repeat=args.repeat)
+    cmp = "a crawl node's start against the pages its spider knows"
+    for row in r["rows"]:
+        name = f"{row['variant']}, {row['pages_known']:,} pages known"
+        res.add(cmp, f"{name}: time to first request", row["first_request_s"], "s")
+        res.add(cmp, f"{name}: CPU to first request", row["cpu_at_first_request_s"], "s")
+        res.add(cmp, f"{name}: peak RSS at first request", row["hwm_at_first_request_bytes"] / 2**20, "MB")
+    after = [row for row in r["rows"] if row["variant"] == "after"]
+    if len(after) > 1:
+        for key, what in (
+            ("first_request_s", "time to first request"),
+            ("cpu_at_first_request_s", "CPU to first request"),
+            ("hwm_at_first_request_bytes", "peak RSS"),
+        ):
+            growth = after[-1][key] / after[0][key]
+            print(f"{what}: {growth:.2f}x from {sizes[0]:,} to {sizes[-1]:,} pages (aim <= 1.1x)", flush=True)
+            res.add(cmp, f"{what}, {sizes[-1]:,} / {sizes[0]:,} pages known", growth, "x")
 
 
 def main() -> None:
@@ -889,7 +941,12 @@ def main() -> None:
     parser.add_argument("--recrawl-days", type=int, default=14)
     parser.add_argument("--recrawl-without-lastmod", type=float, default=0.05)
     parser.add_argument("--politeness-limit", type=float, default=20.0, help="the site's hidden requests/s")
-    parser.add_argument("--politeness-workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--politeness-workers", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--politeness-short-products", type=int, default=260, help="~300 requests")
+    parser.add_argument("--politeness-short-runs", type=int, default=5, help="0: no short crawls")
+    parser.add_argument("--page-states-sizes", default="10000,1000000", help="pages known, ascending")
+    parser.add_argument("--page-states-before", type=Path, help="a checkout of an earlier commit, run side by side")
+    parser.add_argument("--page-states-before-max", type=int, default=1_000_000, help="its largest size (its RSS)")
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
@@ -961,6 +1018,8 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
         p1(args, res, redis_url, server, dsn)
     if "recrawl" in args.only:
         recrawl_part(args, res, redis_url, server, dsn)
+    if "page_states" in args.only:
+        page_states_part(args, res, dsn)
     if "politeness" in args.only:
         politeness_part(args, res, redis_url, server, dsn)
     if "redelivery" in args.only:

@@ -26,6 +26,7 @@ from .quality.settings import read_settings as quality_settings
 from .queue.dupefilter import seen_config
 from .queue.shards import shards_setting
 from .queue.signing import check as secret_required
+from .rendering.config import read_config as read_render_config
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def validate(settings: BaseSettings) -> None:
     read_policy(settings)  # POLITENESS_OVERRIDES' syntax, and the POLITENESS_* numbers
     read_archive_config(settings)  # ARCHIVE_*
     read_processing_config(settings)  # PROCESSING_*
+    read_render_config(settings)  # RENDER_*
     quality_settings(settings)  # QUALITY_*: thresholds and switches
     guard_mode(settings)  # QUALITY_ON_BREAK
     clean_locale(settings)  # CLEAN_LOCALE: a locale CLDR knows

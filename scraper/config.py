@@ -110,6 +110,11 @@ def get_float(
     return value
 
 
+def get_text(settings: BaseSettings, name: str, default: Any = _REGISTRY) -> str:
+    """A text setting, stripped; unset: *default*, else the registry's (set to nothing: "")."""
+    return str(settings.get(name, _registry_default(name, default)) or "").strip()
+
+
 def get_bool(settings: BaseSettings, name: str, default: Any = _REGISTRY) -> bool:
     """A true/false setting (1/0, yes/no, on/off too); unset: *default*, else the registry's."""
     default = _registry_default(name, default)

@@ -46,8 +46,9 @@ ADDONS = {
 # --- crawling -------------------------------------------------------------------------------
 ROBOTSTXT_OBEY = True
 DOWNLOAD_HANDLERS = {
-    "http": "scraper.downloader.http.PooledHTTPDownloadHandler",
-    "https": "scraper.downloader.http.PooledHTTPDownloadHandler",
+    # Scrapy's HTTP/1.1 handler, and a browser for the requests marked `render` (scraper/rendering).
+    "http": "scraper.rendering.handler.RenderingDownloadHandler",
+    "https": "scraper.rendering.handler.RenderingDownloadHandler",
     # A crawl node fetches the web, nothing else: a queue entry must not read local files or
     # reach buckets and FTP servers with the node's credentials (see docs/operations/security.md).
     "file": None,
@@ -121,6 +122,9 @@ DOWNLOADER_MIDDLEWARES = {
     # After RetryMiddleware (550), so every attempt waits its turn; before the API (725), so a
     # page fetched through it counts against its own site.
     "scraper.politeness.middleware.PolitenessMiddleware": 720,
+    # Marks the requests to render in this node's browser (a `render` meta key or spider
+    # attribute): after the revisit's validators (700), before the API (725), which leaves them alone.
+    "scraper.rendering.middleware.RenderMiddleware": 710,
     # Just outside RetryMiddleware (550): sees what it gave up on.
     "scraper.middlewares.dead_letters.DeadLetterDownloaderMiddleware": 540,
     # First of all: no new download starts while the database is behind.
@@ -156,6 +160,12 @@ SPIDER_MIDDLEWARES = {
     # revisit run, only the links to pages that are due.
     "scraper.revisit.due.RevisitMiddleware": 880,
     "scraper.middlewares.item_origin.ItemOriginMiddleware": 900,
+    # Next to the spider: each item's raw values, as yielded, matched to the selector calls of its
+    # callback (PROVENANCE_ENABLED; see scraper/repair/provenance.py).
+    "scraper.repair.middleware.ProvenanceMiddleware": 940,
+    # Just after it: fields a repair reads again (REPAIR_ENABLED; see scraper/repair/live.py), and
+    # the pages a repair learns from.
+    "scraper.repair.live.RepairMiddleware": 935,
     # Closest to the spider: the first to see a callback's exception.
     "scraper.middlewares.dead_letters.DeadLetterSpiderMiddleware": 950,
 }

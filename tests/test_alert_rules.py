@@ -43,6 +43,7 @@ ALERT_NAMES = {
     "ScraperRedisRefusingWrites",
     "ScraperArchiveFailing",
     "ScraperQualityGuardBroken",
+    "ScraperFieldRepaired",
 }
 
 # What every crawl process exports, by type.
@@ -67,6 +68,8 @@ COUNTERS = {
     "scraper_quality_held_items_total",
     "scraper_politeness_throttled_total",
     "scraper_revisit_pages_total",
+    "scraper_repairs_total",
+    "scraper_repair_items_total",
 }
 GAUGES = {
     "scraper_api_budget_credits",

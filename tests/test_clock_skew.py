@@ -16,8 +16,10 @@ from scraper.demo_site import Catalog, DemoSite
 def test_a_worker_with_a_skewed_clock_steals_no_lease(clean) -> None:
     faketime = shutil.which("faketime")
     assert faketime, "faketime is missing: `make tools` installs it"
-    catalog = Catalog(products=60)
-    with DemoSite(catalog, delay_ms=60) as site:
+    # Long enough (about 7 s of pages) that the skewed worker joins the run on a loaded machine,
+    # where starting it takes seconds: one that arrives after the run finished begins a new one.
+    catalog = Catalog(products=120)
+    with DemoSite(catalog, delay_ms=100) as site:
         env = crawl_env(
             clean,
             DEMO_SITE_URL=site.url,

@@ -54,3 +54,9 @@ def test_bad_scraping_api_setting(services) -> None:
     env = crawl_env(services, SCRAPING_API_KEY=CANARY, SCRAPING_API_PROVIDER="bogus")
     line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "SCRAPING_API_PROVIDER")
     assert "'bogus'" in line
+
+
+def test_queue_commands_on_a_shared_redis_without_the_fleet_secret_say_it_in_one_line(services) -> None:
+    env = {k: v for k, v in crawl_env(services).items() if k != "SCHEDULER_SECRET"}
+    for args in (("seed", "demo", "http://127.0.0.1/"), ("queue", "demo"), ("dlq", "list", "demo")):
+        check_one_line_error(run_scrapy(env, *args), "SCHEDULER_SECRET")

@@ -67,3 +67,40 @@ def test_a_crawl_that_fetched_nothing_says_why(clean, tmp_path) -> None:
     assert "SCHEDULER_FLUSH_ON_START=true" in line
     line = warning_of(unreachable)
     assert "downloads failed, unreachable" in line and "ConnectionRefusedError" in line
+
+
+def test_a_crawl_refused_by_the_fetch_boundary_names_it(clean) -> None:
+    """A local test site crawled by a node on a shared Redis without FETCH_ALLOW_NETWORKS: every
+    request is refused before it leaves, and the warning names the boundary and the setting
+    instead of blaming the network."""
+    with DemoSite(Catalog(products=5)) as site:
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, FETCH_ALLOW_NETWORKS="")
+        refused = run_scrapy(env, "crawl", "demo")
+        hits = site.stats()["total"]
+    assert refused.returncode == 0, refused.stderr[-3000:]
+    assert hits == 0  # not one request reached the site
+    line = warning_of(refused)
+    assert "No page was fetched for 'demo': 1 requests refused by the fetch boundary" in line, line
+    assert "loopback, private or link-local address" in line and "FETCH_ALLOW_NETWORKS=127.0.0.0/8" in line
+    assert "unreachable" not in line and "DOWNLOAD_TIMEOUT" not in line, line
+
+
+def test_requests_a_middleware_ignored_are_not_called_unreachable() -> None:
+    from scraper.extensions.summary import causes
+
+    ignored = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
+    found = causes(
+        {
+            "downloader/exception_count": 5,
+            ignored: 4,
+            "downloader/exception_type_count/twisted.internet.error.DNSLookupError": 1,
+            "fetch_boundary/forbidden_scheme": 1,
+            "robotstxt/forbidden": 1,
+        }
+    )
+    assert found == [
+        "1 forbidden by robots.txt (-s ROBOTSTXT_OBEY=False to ignore it)",
+        "1 requests refused by the fetch boundary (not http or https)",
+        "1 downloads failed, unreachable (DNSLookupError; check the start URL, DOWNLOAD_TIMEOUT and RETRY_TIMES)",
+        "2 requests ignored by a downloader middleware (its warning in the log says why)",
+    ]

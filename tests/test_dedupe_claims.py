@@ -16,7 +16,7 @@ def test_claims_made_together_go_in_one_call_and_the_first_page_owns_each_key(cl
             # Claims made in one pass of the loop: one batch, each key owned by its first page.
             first = [batches.claim("claims", f"k{i % 30}", f"page{i}") for i in range(60)]
             calls = 0
-            owners = [o.decode() for o in await asyncio.gather(*first)]
+            owners = [o.decode() for o, _ in await asyncio.gather(*first)]
             client = batches.client  # opened by the first batch
             real = client.execute_command
 
@@ -28,7 +28,7 @@ def test_claims_made_together_go_in_one_call_and_the_first_page_owns_each_key(cl
             client.execute_command = counted
             # Two hashes in one batch (a replay claims in its own): one call each.
             second = [batches.claim("claims" if i % 2 else "replay", f"k{i}", "later") for i in range(10)]
-            again = [o.decode() for o in await asyncio.gather(*second)]
+            again = [o.decode() for o, _ in await asyncio.gather(*second)]
             return owners, again, calls
         finally:
             await batches.close()
@@ -70,14 +70,14 @@ def _no_retry_client(port: int):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("size", [1, 1500])
 def test_a_batch_larger_than_the_script_limit_is_split_and_every_claim_answered(clean, size: int) -> None:
-    async def scenario() -> list[bytes]:
+    async def scenario() -> list[tuple[bytes, bytes]]:
         batches = _ClaimBatches(clean.redis_url, asyncio.get_running_loop())
         try:
             return await asyncio.gather(*(batches.claim("big", f"k{i}", f"p{i}") for i in range(size)))
         finally:
             await batches.close()
 
-    assert [o.decode() for o in asyncio.run(scenario())] == [f"p{i}" for i in range(size)]
+    assert [o.decode() for o, _ in asyncio.run(scenario())] == [f"p{i}" for i in range(size)]
 
 
 def test_under_another_twisted_reactor_claims_go_from_a_worker_thread_with_the_same_outcome(

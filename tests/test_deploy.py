@@ -264,6 +264,7 @@ def test_deploy_with_make_then_crawl_through_the_authenticated_api(
         assert node.call("listspiders.json", project="scraper")["spiders"] == [
             "api_extract",
             "demo",
+            "demo_js",
             "demo_sitemap",
             "schema_org",
         ]
@@ -484,7 +485,9 @@ def test_compose_file_validates_with_docker_compose(tmp_path: Path) -> None:
     result = compose(tmp_path, "config", "-q")
     assert result.returncode == 0, result.stderr
     profiles = compose(tmp_path, "config", "--profiles")
-    assert profiles.returncode == 0 and profiles.stdout.split() == ["api", "scrapyd"], profiles.stdout + profiles.stderr
+    assert profiles.returncode == 0 and profiles.stdout.split() == ["api", "feed", "scrapyd"], (
+        profiles.stdout + profiles.stderr
+    )
     services = set(compose_config(tmp_path)["services"])
     assert {"redis", "postgres", "crawler", "scrapyd", "api-standin", "prometheus", "grafana"} <= services
 

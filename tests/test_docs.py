@@ -66,3 +66,19 @@ def test_every_page_is_in_the_nav() -> None:
     pages = {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md")}
     assert pages - nav == set(), f"pages missing from mkdocs.yml's nav: {sorted(pages - nav)}"
     assert nav - pages == set(), f"nav entries without a page: {sorted(nav - pages)}"
+
+
+def test_the_quickstart_says_what_a_shared_redis_needs_in_the_codes_own_words() -> None:
+    """What happens without SCHEDULER_SECRET or FETCH_ALLOW_NETWORKS, quoted as the code says it."""
+    page = " ".join((DOCS / "quickstart.md").read_text(encoding="utf-8").split())
+    for quoted, source in (
+        ("SCHEDULER_SECRET: required with a shared Redis (REDIS_URL), the same on every node", "queue/signing.py"),
+        ("Not fetched: ", "middlewares/fetch_boundary.py"),
+        (" is a non-public address ", "middlewares/fetch_boundary.py"),
+        ("forbidden_address", "middlewares/fetch_boundary.py"),
+        ("No page was fetched", "extensions/summary.py"),
+        (" requests refused by the fetch boundary ", "extensions/summary.py"),
+        ("FETCH_ALLOW_NETWORKS=127.0.0.0/8", "extensions/summary.py"),
+    ):
+        assert quoted in page, quoted
+        assert quoted in (ROOT / "scraper" / source).read_text(encoding="utf-8"), (quoted, source)

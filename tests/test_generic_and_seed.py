@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.crawls import crawl_env, run_scrapy
+from support.crawls import crawl_env, project_with_spider, run_scrapy
 
 from scraper.demo_site import Catalog, DemoSite
 
@@ -45,6 +45,11 @@ def test_migrate_is_idempotent_and_adds_new_columns(clean) -> None:
     first = run_scrapy(env, "migrate")
     assert first.returncode == 0, first.stderr
     assert "created table products" in first.stdout and "created table rejects" in first.stdout
+    # The tables a node's start or a command makes on first use too: a node needing no CREATE right.
+    for table in ("pages", "crawl_runs", "run_quality", "run_checks", "archive_index", "field_sources"):
+        assert clean.query("SELECT to_regclass(%s) IS NOT NULL", (table,)) == [(True,)], table
+    for table in ("pages", "crawl_runs", "run_quality", "archive_index", "field_sources"):
+        assert f"created table {table}" in first.stdout, first.stdout
     again = run_scrapy(env, "migrate")
     assert again.returncode == 0 and "schema up to date" in again.stdout
     clean.query("ALTER TABLE products DROP COLUMN brand")
@@ -54,3 +59,41 @@ def test_migrate_is_idempotent_and_adds_new_columns(clean) -> None:
         r[0] for r in clean.query("SELECT column_name FROM information_schema.columns WHERE table_name = 'products'")
     }
     assert {"brand", "content_hash", "first_seen", "last_seen", "updated_at"} <= columns
+
+
+REVIEW_ITEM = """
+from scrapy import Field
+
+from .base import StoredItem
+
+
+class ReviewItem(StoredItem):
+    table = "reviews"
+    key = ("source", "review_id")
+    source = Field(sql="text", required=True, type=str)
+    review_id = Field(sql="text", required=True, clean="text", type=str)
+    rating = Field(sql="integer", type=int, minimum=1)
+"""
+
+
+def test_migrate_finds_the_item_types_of_every_module_of_the_items_package(clean, tmp_path) -> None:
+    """A type declared next to product.py gets its table with no import to add; a module there
+    that cannot be imported stops migrate, naming it, before any change."""
+    project = project_with_spider(tmp_path, "nothing", "")
+    items = project / "scraper" / "items"
+    (items / "review.py").write_text(REVIEW_ITEM)
+    env = crawl_env(clean, PYTHONPATH=str(project))
+    found = run_scrapy(env, "migrate", cwd=project)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "created table reviews (key: source, review_id)" in found.stdout
+
+    (items / "broken.py").write_text("import a_module_nobody_installed\n")
+    (items / "extra.py").write_text(REVIEW_ITEM.replace("Review", "Extra").replace('"reviews"', '"extras"'))
+    broken = run_scrapy(env, "migrate", cwd=project)
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr[-3000:]
+    errors = [line for line in broken.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: scraper.items.broken cannot be imported (ModuleNotFoundError: No module named "
+        "'a_module_nobody_installed'): its item types would get no table; nothing migrated"
+    ], broken.stderr[-3000:]
+    assert clean.query("SELECT to_regclass('extras') IS NULL") == [(True,)]

@@ -7,19 +7,20 @@ value stored as valid.
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import scrapy
-from babel import localedata
-from babel.dates import format_date
+from babel import Locale, localedata
+from babel.dates import format_date, get_date_format
 from babel.numbers import format_currency, format_decimal, get_currency_precision, get_territory_currencies
 from scrapy.http import HtmlResponse, Request
 from scrapy.utils.test import get_crawler
 
 from scraper.cleaning.currency import minor_units, territory_of
-from scraper.cleaning.dates import parse_date
+from scraper.cleaning.dates import parse_date, read_date
 from scraper.cleaning.language import date_languages
 from scraper.cleaning.price import read_price
 from scraper.items import ProductItem
@@ -162,6 +163,125 @@ def test_dates_of_other_calendars_or_unknown_words_are_rejected(text: str, local
     assert parse_date(text, locale=locale, languages=list(date_languages(None, locale) or ()) or None) is None
 
 
+def _read_date(text: str, locale: str) -> object:
+    return read_date(text, locale=locale, languages=list(date_languages(None, locale) or ()) or None)
+
+
+# Values a page stored wrong: the text does not fit the numeric dates of the locale it declares
+# (sv-FI writes y-MM-dd, az-Arab and ha-Arab y-MM-dd) or the amount's digits do not fit the
+# currency (CLDR writes IQD without decimals), and more than one reading fits. A fallback picked
+# one of them; the reading is a reject naming the fix.
+@pytest.mark.parametrize(
+    ("text", "locale", "readings"),
+    [
+        ("2.7.2026", "sv-FI", ("2026-07-02 (DMY)", "2026-02-07 (MDY)")),
+        ("2.7.2026", "sv-AX", ("2026-07-02 (DMY)", "2026-02-07 (MDY)")),
+        ("23.11.26", "az-Arab", ("26-11-23 (DMY)", "23-11-26 (YMD)")),
+        ("23.11.26", "ha-Arab", ("26-11-23 (DMY)", "23-11-26 (YMD)")),
+        ("2/7/26", "ha-Arab-SD", ("26-07-02 (DMY)", "26-02-07 (MDY)")),
+    ],
+)
+def test_a_date_that_does_not_fit_the_locale_and_reads_two_ways_is_rejected(
+    text: str, locale: str, readings: tuple[str, ...]
+) -> None:
+    reading = _read_date(text, locale)
+    assert reading.value is None
+    assert all(found in (reading.problem or "") for found in readings), reading.problem
+    assert "date_order" in (reading.problem or "")
+    assert parse_date(text, locale=locale) is None
+
+
+def test_an_amount_whose_decimals_the_currency_does_not_write_is_rejected() -> None:
+    reading = read_price("1.235 IQD", locale="az-Arab-IQ")
+    assert reading.amount is None
+    assert "three decimals for IQD" in (reading.problem or ""), reading.problem
+    # The currency's own digits, and a grouping the locale makes, still read.
+    assert read_price("1,235 IQD", locale="az-Arab-IQ").amount == Decimal("1235.000")
+    assert read_price("KWD 1.235", locale="ar-KW").amount == Decimal("1.235")
+
+
+@pytest.mark.parametrize(
+    ("text", "locale", "expected"),
+    [
+        ("23.7.2026", "sv-FI", date(2026, 7, 23)),  # not sv-FI's layout, but only day first reads
+        ("2026/07/02", "en-US", date(2026, 7, 2)),  # the year written first: year first
+        ("2026.07.02", "de", date(2026, 7, 2)),
+        ("5.5.2026", "en-US", date(2026, 5, 5)),  # both readings are the same day
+        ("26.11.26", "az-Arab", date(2026, 11, 26)),
+    ],
+)
+def test_a_date_that_does_not_fit_the_locale_but_reads_one_way_is_read(text: str, locale: str, expected: date) -> None:
+    reading = _read_date(text, locale)
+    assert reading.problem is None
+    assert reading.value is not None and reading.value.date() == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "locale"),
+    [
+        ("02-07-2026", "sv"),  # sv writes "-" year first: "02" cannot be its year, two readings remain
+        ("02.07.2020", "en-GB"),  # en-GB writes "/"
+        ("2 07 2026", "ja"),
+        ("23. 11. 26.", "fr"),  # ko's layout on a French page
+    ],
+)
+def test_a_date_in_a_layout_the_locale_does_not_write_is_rejected_when_ambiguous(text: str, locale: str) -> None:
+    reading = _read_date(text, locale)
+    assert reading.value is None and "date_order" in (reading.problem or ""), reading
+
+
+def test_an_explicit_date_order_reads_what_the_locale_would_reject() -> None:
+    assert parse_date("2.7.2026", date_order="DMY", locale="sv-FI") == parse_date("2.7.2026", date_order="DMY")
+
+
+_BIDI = re.compile("[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069\\s]")
+
+
+def _numeric_layouts(tag: str) -> dict[str, tuple[str, str]]:
+    """CLDR's numeric date patterns of a locale (short, medium): pattern -> (separators)."""
+    found = {}
+    locale = Locale.parse(tag)
+    for width in ("short", "medium"):
+        pattern = get_date_format(width, locale=locale).pattern
+        body = re.sub(r"'([^']*)'", r"\1", pattern)
+        fields = list(re.finditer(r"y+|[ML]+|d+", body))
+        if len(fields) != 3 or re.search(r"[ML]{3}|[A-KN-Za-ce-xz]", body):
+            continue
+        separators = tuple(_BIDI.sub("", body[a.end() : b.start()]) or " " for a, b in zip(fields, fields[1:]))
+        found[pattern] = (separators[0], separators[1])
+    return found
+
+
+def test_a_date_in_another_locales_numeric_layout_reads_back_or_is_rejected() -> None:
+    """A page that writes another locale's numeric layout (an older CLDR's, another country's):
+    every text whose separators its declared locale never writes reads as written, or is a reject."""
+    by_locale = {tag: _numeric_layouts(tag) for tag in sorted(localedata.locale_identifiers())}
+    texts: dict[str, tuple[tuple[str, str], date]] = {}
+    for layouts in by_locale.values():
+        for pattern, separators in layouts.items():
+            for value in DATES:
+                texts.setdefault(format_date(value, pattern, locale="en"), (separators, value))
+    exact = rejected = 0
+    wrong: list[tuple[str, str, object]] = []
+    for tag, layouts in by_locale.items():
+        tag = tag.replace("_", "-")
+        own = set(layouts.values())
+        for text, (separators, value) in texts.items():
+            if separators in own:
+                continue  # the locale writes these separators: it decides the order
+            reading = _read_date(text, tag)
+            if reading.value is None:
+                rejected += 1
+            elif reading.value.date() == value:
+                exact += 1
+            else:
+                wrong.append((tag, text, reading.value))
+    total = exact + rejected + len(wrong)
+    print(f"dates in another layout: {exact} of {total} exact, {rejected} rejected, {len(wrong)} wrong")
+    assert len(texts) > 80
+    assert not wrong, wrong[:20]
+
+
 # Per page: one spider, many country stores. The pipeline is Scrapy's own object, fed the
 # responses and items as the engine does.
 
@@ -228,6 +348,17 @@ def test_a_number_the_page_locale_does_not_read_is_a_reject_with_the_reason() ->
     item = _item(pipeline, "http://shop.test/p/2", price="12e3 USD")
     assert item["price"] is None
     assert item._problems == ["price: exponent notation is not a price: '12e3 USD'"]
+
+
+def test_a_date_the_page_locale_reads_two_ways_is_a_reject_with_the_reason() -> None:
+    pipeline = _pipeline()
+    _page(pipeline, "http://shop.test/fi/p/1", "sv-FI")
+    _page(pipeline, "http://shop.test/fi/p/2", "sv-FI", {"date_order": "DMY"})
+    item = _item(pipeline, "http://shop.test/fi/p/1", price="12,50 €", released_at="2.7.2026")
+    assert item["released_at"] is None
+    assert len(item._problems) == 1 and item._problems[0].startswith("released_at: '2.7.2026' does not fit")
+    told = _item(pipeline, "http://shop.test/fi/p/2", price="12,50 €", released_at="2.7.2026")
+    assert told["released_at"].date() == date(2026, 7, 2) and not told._problems
 
 
 @pytest.mark.parametrize(

@@ -69,3 +69,41 @@ def test_a_fresh_run_begun_in_the_emptied_redis_does_not_hide_the_loss(clean, ow
         assert re.search(r"Run 1 of demo lost its shared state", log), log[-3000:]
         assert "'run/outcome': 'lost'" in log, log[-3000:]
         assert clean.query("SELECT count(*) FROM products WHERE gone_at IS NOT NULL")[0][0] == 0
+
+
+def test_a_run_begun_by_another_node_between_the_two_looks_is_not_called_lost(clean, monkeypatch, caplog) -> None:
+    # A node looks in Redis (no run record), then in Postgres. Another node begins a run in
+    # between: its record reaches Redis, then its row Postgres ('running'). Nothing was lost.
+    from scrapy.utils.test import get_crawler
+
+    from scraper.node.membership import RunMembership
+    from scraper.queue import keys
+    from scraper.runs import record
+    from scraper.runs.state import RunState
+
+    server = clean.redis()
+    conn = record.connect(clean.database_url)
+    conn.close()
+    real_last_run = record.last_run
+
+    def another_node_begins(dsn: str, spider: str) -> tuple[int, str]:
+        server.hset(keys.run_key(spider), mapping={"id": 1, "state": "running"})
+        c = record.connect(dsn)
+        try:
+            record.upsert(c, spider, 1, {"state": "running"}, {}, 1)
+        finally:
+            c.close()
+        return real_last_run(dsn, spider)
+
+    monkeypatch.setattr(record, "last_run", another_node_begins)
+    crawler = get_crawler(settings_dict={"DATABASE_URL": clean.database_url})
+    member = RunMembership(crawler, "demo", RunState(server, "demo", None, "demo:q"), None, None, 60.0, print)
+    with caplog.at_level("WARNING"):
+        assert member.lowest_next_id() == 1
+    assert "shared state (queue, seen-set) was lost" not in caplog.text
+    # The genuine loss is still said: Postgres has run 1 running, Redis has no record of it.
+    server.delete(keys.run_key("demo"))
+    monkeypatch.setattr(record, "last_run", real_last_run)
+    with caplog.at_level("WARNING"):
+        assert member.lowest_next_id() == 1
+    assert "Run 1 of demo is recorded as running in Postgres, but Redis has no record of it" in caplog.text

@@ -11,8 +11,7 @@ import pytest
 from support.crawls import ROOT
 
 from scraper.cleaning import read_price
-from scraper.cleaning.currency import currency_of, minor_units, territory_of
-from scraper.cleaning.currency_index import INDEX_PATH, build_index
+from scraper.cleaning.currency import INDEX_PATH, build_index, currency_of, minor_units, territory_of
 from scraper.items import ProductItem
 from scraper.storage import schema
 from scraper.storage.upsert import Row, TableUpserter
@@ -117,7 +116,7 @@ def test_territory_from_language_tags() -> None:
 
 
 def test_shipped_currency_index_is_what_babel_gives() -> None:
-    # Never edited by hand: rebuilt with `python -m scraper.cleaning.currency_index`.
+    # Never edited by hand: rebuilt with `currency.main()`.
     assert json.loads(INDEX_PATH.read_text(encoding="utf-8")) == json.loads(json.dumps(build_index()))
 
 

@@ -15,10 +15,12 @@ import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from scrapy.settings import Settings
-from support.crawls import ROOT, crawl_env, run_scrapy
+from support import crawls
+from support.crawls import ROOT, run_scrapy
 from support.errors import check_one_line_error
 from support.processes import start_crawl
 from support.scraping_api import api_env
@@ -26,12 +28,21 @@ from support.stats import stat
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
-from scraper.politeness import limiter, middleware
-from scraper.politeness.keys import inflight_key, waiting_key
+from scraper.politeness import adaptive, limiter, middleware, slow_start
+from scraper.politeness.keys import inflight_key, start_key, waiting_key
 from scraper.politeness.limits import DomainLimit, Limit, parse_overrides, read_policy
 from scraper.scraping_api.standin import StandIn
 
 # -- settings: parsing and matching ------------------------------------------------------------
+
+
+def crawl_env(services: Any, **extra: str) -> dict[str, str]:
+    """The tests' crawl environment with this project's default politeness: a site nobody
+    declared starts slowly here, as it does for a user."""
+    env = crawls.crawl_env(services, **extra)
+    if "POLITENESS_SLOW_START_RATE" not in extra:
+        del env["POLITENESS_SLOW_START_RATE"]
+    return env
 
 
 def test_overrides_syntax() -> None:
@@ -84,7 +95,8 @@ def test_most_specific_override_wins_and_shares_its_budget() -> None:
     # Subdomains count against the override's domain; the other limit stays the default.
     assert policy.for_host("www.example.com") == DomainLimit("example.com", 2.0, 8)
     assert policy.for_host("WWW.Example.COM.") == DomainLimit("example.com", 2.0, 8)
-    assert policy.for_host("v2.api.example.com") == DomainLimit("api.example.com", 0.0, 1)
+    # rate:0 lifts the default rate: the site takes anything, with no slow start either.
+    assert policy.for_host("v2.api.example.com") == DomainLimit("api.example.com", 0.0, 1, unlimited=True)
     # Not a subdomain, just a similar name: its own host, the defaults.
     assert policy.for_host("badexample.com") == DomainLimit("badexample.com", 5.0, 8)
     assert policy.max_wait == 60.0
@@ -106,12 +118,40 @@ def test_no_limit_configured_means_nothing_to_do() -> None:
         read_policy(Settings({"POLITENESS_RATE": "1", "POLITENESS_MAX_WAIT": "0"}))
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("POLITENESS_SLOW_START_RATE", "-1"),
+        ("POLITENESS_SLOW_START_RATE", "inf"),
+        ("POLITENESS_SLOW_START_RATE", "slow"),
+        ("POLITENESS_SLOW_START_GROWTH", "1"),  # a ramp that never grows: the site would stay slow
+        ("POLITENESS_SLOW_START_GROWTH", "0.5"),
+        ("POLITENESS_SLOW_START_GROWTH", "inf"),
+        ("POLITENESS_SLOW_START_GROWTH", "double"),
+    ],
+)
+def test_bad_slow_start_settings_name_the_setting(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}: "):
+        read_policy(Settings({name: value}))
+
+
+def test_slow_start_defaults_and_switches() -> None:
+    conf = read_policy(Settings()).adaptive
+    assert (conf.slow_start_rate, conf.slow_start_growth) == (4.0, 2.0)
+    # From 4 requests/s, doubled each second, to the top: under 8 s.
+    assert 7.9 < slow_start.duration(4.0, 2.0) < 8.0
+    assert slow_start.rate_at(4.0, 2.0, 2.0) == 16.0 and slow_start.rate_at(4.0, 2.0, 60) == slow_start.TOP
+    assert slow_start.duration(0.0, 2.0) == 0.0  # POLITENESS_SLOW_START_RATE=0: full speed at once
+
+
 def test_bad_override_fails_scrapy_crawl_by_name(services) -> None:
     env = crawl_env(services, POLITENESS_OVERRIDES="shop.test=rate:2;concurrency:4")
     line = check_one_line_error(run_scrapy(env, "crawl", "demo"), "POLITENESS_OVERRIDES")
     assert "shop.test" in line
     env = crawl_env(services, POLITENESS_RATE="fast")
     check_one_line_error(run_scrapy(env, "crawl", "demo"), "POLITENESS_RATE")
+    env = crawl_env(services, POLITENESS_SLOW_START_GROWTH="1")
+    check_one_line_error(run_scrapy(env, "crawl", "demo"), "POLITENESS_SLOW_START_GROWTH")
 
 
 # -- the demo site's arrival log ---------------------------------------------------------------
@@ -158,6 +198,62 @@ def test_rate_reservations_are_spaced_and_capped(clean) -> None:
     # Another domain has a budget of its own; the key forgets itself.
     assert limiter.parse_reservation(run(r, limiter.reserve("b.test", 10, 0.25))).wait == 0
     assert 0 < r.pttl("politeness:{a.test}:next") <= 1400
+
+
+def test_slow_start_is_one_ramp_for_the_fleet(clean) -> None:
+    r = clean.redis()
+
+    def turn(first: float = 10.0, max_wait: float = 1.0) -> tuple[bool, float, float]:
+        return slow_start.parse_reply(run(r, slow_start.reserve("a.test", first, 2.0, max_wait)))
+
+    # The first call begins the ramp: turns at 10 requests/s at first, whoever books them (each
+    # call may as well come from another node), a little closer as the ramp grows.
+    turns = [turn() for _ in range(4)]
+    assert [t[0] for t in turns] == [True] * 4
+    waits = [t[1] for t in turns]
+    gaps = [b - a for a, b in zip(waits, waits[1:])]
+    assert waits[0] == 0 and all(0.07 <= g <= 0.1 for g in gaps), waits
+    assert gaps[0] > gaps[-1], gaps
+    assert all(0 <= t[2] < 0.05 for t in turns), turns
+    # The ramp is remembered while the site is crawled, forgotten once it is left alone.
+    assert slow_start.RESTART_IDLE * 1000 - 1000 < r.pttl(start_key("a.test")) <= slow_start.RESTART_IDLE * 1000
+    # Past the caller's max wait no turn is booked; a node that asks with another first rate
+    # (a setting of its own) still joins the fleet's ramp, begun when it began.
+    assert not turn(max_wait=0.1)[0]
+    assert turn(first=1000)[2] < 0.1
+
+    # Three seconds in, 10 requests/s have doubled three times: turns 1/80 s apart.
+    seconds, micros = r.time()
+    r.set(start_key("a.test"), seconds * 1_000_000 + micros - 3_000_000)
+    r.delete("politeness:{a.test}:next")
+    first, second = turn(), turn()
+    assert 3.0 <= first[2] < 3.1
+    assert 1 / 80 - 0.005 <= second[1] - first[1] <= 1 / 80, (first, second)
+    # A ramp that reached the top no longer spaces anything a site would notice.
+    r.set(start_key("a.test"), seconds * 1_000_000 + micros - 60_000_000)
+    r.delete("politeness:{a.test}:next")
+    first, second = turn(), turn()
+    assert second[1] - first[1] <= 1 / slow_start.TOP
+    assert first[2] > slow_start.duration(10.0, 2.0)
+
+
+def test_a_first_cut_counts_the_nodes_that_only_heard_of_it(clean) -> None:
+    r = clean.redis()
+
+    def cut(node: str, observed: float, join: bool = False) -> float:
+        return float(run(r, adaptive.cut("a.test", observed, 0.7, 0.1, 0.0, node, join, hold=0.3)))
+
+    # Nothing under way: joining cuts nothing and makes no rate.
+    assert cut("b", 10, join=True) == 0 and not r.hexists(adaptive.ADAPTIVE_KEY, "a.test")
+    # Node a saw the 429 and was getting 10 answers a second; node b, which saw none, was
+    # getting 12: the site was taking 22 from the fleet, and the rate starts from that.
+    assert cut("a", 10) == pytest.approx(7.0)
+    assert cut("b", 12, join=True) == pytest.approx(15.4)
+    assert cut("b", 12, join=True) == pytest.approx(15.4)  # once per node
+    time.sleep(0.35)
+    # Past the hold, joining changes nothing (a late report is no throttle answer).
+    assert cut("c", 30, join=True) == pytest.approx(15.4)
+    assert cut("a", 10) == pytest.approx(15.4 * 0.7)  # a throttle answer still cuts
 
 
 def test_retry_after_pauses_the_domain_for_every_reservation(clean) -> None:
@@ -453,10 +549,37 @@ def test_a_hidden_rate_limit_loses_no_page_and_is_found(clean) -> None:
     assert pages / took >= 0.4 * limit, (pages, took)
 
 
+def test_a_short_crawl_of_an_undeclared_site_starts_slowly(clean) -> None:
+    # Two nodes, nothing declared, ~300 requests to a site that takes 20 a second. At full speed
+    # from the first request the fleet sent up to 45 requests in its first second, and 2 to 15 %
+    # of such a crawl's requests were answered 429, depending on the run.
+    limit = 20
+    catalog = Catalog(products=260)  # 300 pages
+    with DemoSite(catalog) as site:
+        site.limit_rate(limit)
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="8", SCHEDULER_IDLE_TIMEOUT="3")
+        started = time.monotonic()
+        logs = finished([start_crawl(env) for _ in range(2)])
+        took = time.monotonic() - started
+        stats = site.stats()
+        arrivals = sorted(site.arrivals())
+    valid_rows(clean, catalog)  # every page stored
+    assert not [log for log in logs if stat(log, "dead_letters/count")], [log[-2000:] for log in logs]
+    assert stats["throttled"] <= 0.05 * stats["total"], (stats["throttled"], stats["total"])
+    # One ramp for the fleet, begun at 4 requests/s: ~6 turns in its first second, both nodes'
+    # robots.txt among them (a ramp of each node's own would make ~12; full speed, dozens).
+    first_second = bisect.bisect_left(arrivals, arrivals[0] + 1.0)
+    assert first_second <= 8, [round(a - arrivals[0], 3) for a in arrivals[:20]]
+    assert all(stat(log, "politeness/slow_starts") == 1 for log in logs), [log[-2000:] for log in logs]
+    assert took < 60, took
+
+
 def test_a_declared_rate_at_the_limit_loses_nothing(clean) -> None:
     limit = 20
     catalog, logs, stats, _ = adaptive_crawl(clean, limit, products=60, workers=2, POLITENESS_RATE=str(limit))
     valid_rows(clean, catalog)
+    # A declared rate is the site's rate from the first request: no slow start.
+    assert not any(stat(log, "politeness/slow_starts") for log in logs), [log[-2000:] for log in logs]
     # Turns 1/rate apart by Redis' clock and spaced where they leave: the hidden 1-second window
     # sees at most the limit, give or take a request that left late (a busy reactor on 2 cores
     # shared with another test file: 0 to 5 of 80 seen); each such 429 is tried again at the

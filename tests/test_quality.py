@@ -50,8 +50,9 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 
 
 def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -> None:
+    # The guard's own behaviour on a layout that stays broken: no repair reads it (see test_repair_*).
     with DemoSite(Catalog(products=PRODUCTS)) as site:
-        env = crawl_env(clean, DEMO_SITE_URL=site.url)
+        env = crawl_env(clean, DEMO_SITE_URL=site.url, REPAIR_ENABLED="false")
         first = crawl_run(env)
         assert "Data quality of run 1 of demo: OK" in first, first[-3000:]
         second = crawl_run(env)
@@ -76,7 +77,7 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         rows_before = clean.query("SELECT sku, brand, price, gone_at FROM products ORDER BY sku")
         site.break_layout(0.5)
         # Degraded is exit 3 by default.
-        default_exit = crawl_env(clean, DEMO_SITE_URL=site.url)
+        default_exit = crawl_env(clean, DEMO_SITE_URL=site.url, REPAIR_ENABLED="false")
         del default_exit["QUALITY_FAIL_EXIT"]
         broken = crawl_run(default_exit, expect_status=3)
         assert "Data quality of run 3 of demo: DEGRADED" in broken, broken[-3000:]
@@ -138,6 +139,7 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
             crawl_env(
                 clean,
                 DEMO_SITE_URL=site.url,
+                REPAIR_ENABLED="false",
                 CONCURRENT_REQUESTS="1",
                 QUALITY_FAIL_EXIT="0",
                 RUNS_REPORT_INTERVAL="0.2",
@@ -178,7 +180,12 @@ def test_good_runs_pass_and_a_broken_layout_fails_with_the_fields_named(clean) -
         site.delay = 0.05
         stopped = crawl_run(
             crawl_env(
-                clean, DEMO_SITE_URL=site.url, CONCURRENT_REQUESTS="2", QUALITY_ON_BREAK="stop", QUALITY_FAIL_EXIT="1"
+                clean,
+                DEMO_SITE_URL=site.url,
+                CONCURRENT_REQUESTS="2",
+                QUALITY_ON_BREAK="stop",
+                QUALITY_FAIL_EXIT="1",
+                REPAIR_ENABLED="false",
             ),
             expect_status=3,
         )

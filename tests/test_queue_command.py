@@ -34,7 +34,7 @@ def test_queue_command_table_for_an_idle_spider(clean) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0].split()[:4] == ["spider", "queued", "oldest", "nodes"]
-    assert {line.split()[0] for line in lines[1:]} == {"api_extract", "demo", "demo_sitemap", "schema_org"}
+    assert {line.split()[0] for line in lines[1:]} == {"api_extract", "demo", "demo_js", "demo_sitemap", "schema_org"}
 
 
 def test_queue_command_shows_the_rate_of_a_site_that_throttles(clean) -> None:

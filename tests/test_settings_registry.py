@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -33,10 +35,16 @@ SETTINGS_METHODS = {
     "setdefault",
     "getpriority",
 }
-# Names given through a module constant rather than a literal (``shared_state.SETTING``...).
-CONSTANTS = {"SETTING", "PROCESSOR_SETTING"}
 # Keys of other libraries' settings dicts that the scan cannot tell apart (dateparser's).
 NOT_SCRAPY = {"DATE_ORDER"}
+# Environment variables the code reads that are no settings, each with why.
+NOT_SETTINGS = {
+    "PSQL": "scrapy dbshell's psql binary, for that command alone",
+    "SCRAPING_API_STANDIN_KEY": "the local scraping-API stand-in's own key (a development tool)",
+}
+# A message telling the operator to give a setting: ``-s SOME_SETTING=VALUE`` (``NAME``: any).
+GIVEN = re.compile(r"-s (?!NAME=)([A-Z][A-Z0-9_]{2,})=")
+ENVIRON = {"os.environ", "environ"}
 
 
 def _is_name(node: ast.AST) -> bool:
@@ -53,54 +61,138 @@ def _settings_like(node: ast.AST) -> bool:
     return "settings" in ast.unparse(node).lower()
 
 
-def settings_read() -> dict[str, list[tuple[str, int, ast.Call | None]]]:
-    """Every setting name the package reads or sets, with where and the call."""
+def _constants(tree: ast.Module) -> dict[str, object]:
+    """The module's top-level constants: ``SETTING = "SHARED_STATE"``, ``REPLAY_SETTINGS = {...}``."""
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if _is_name(node.value) or isinstance(node.value, ast.Dict):
+                found[node.targets[0].id] = node.value
+    return found
+
+
+def _setting(node: ast.AST | None, constants: dict[str, object]) -> str | None:
+    """The setting name *node* gives: a literal, or a module constant holding one."""
+    if isinstance(node, ast.Name):
+        node = constants.get(node.id)  # type: ignore[assignment]
+    return node.value if node is not None and _is_name(node) else None
+
+
+def settings_read(paths: list[Path] | None = None) -> dict[str, list[tuple[str, int, ast.Call | None]]]:
+    """Every setting name the package reads or sets, with where and the call (None where no
+    call's default is to compare): through the settings object and the project's getters,
+    ``in settings``, the environment, a module constant, a dict of settings a command sets or a
+    spider's ``custom_settings``, ``settings.py`` itself, and a message saying ``-s NAME=...``."""
     found: dict[str, list[tuple[str, int, ast.Call | None]]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        if path.parts[-2:] == ("conf", "registry.py") or "demo_site" in path.parts:
-            continue
+    if paths is None:
+        paths = [
+            p for p in PACKAGE.rglob("*.py") if p.parts[-2:] != ("conf", "registry.py") and "demo_site" not in p.parts
+        ]
+    for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        constants = {
-            t.id: n.value.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign)
-            for t in n.targets
-            if isinstance(t, ast.Name) and t.id in CONSTANTS and isinstance(n.value, ast.Constant)
-        }
+        where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        constants = _constants(tree)
+
+        def add(name: str | None, line: int, call: ast.Call | None = None, where: str = where) -> None:
+            if name is not None:
+                found.setdefault(name, []).append((where, line, call))
+
+        if path == PACKAGE / "settings.py":
+            for node in tree.body:
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name) and target.id.isupper():
+                            add(target.id, node.lineno)
+        for name, value in constants.items():
+            if name.endswith("SETTINGS") and isinstance(value, ast.Dict):
+                for key in value.keys:
+                    add(_setting(key, constants), value.lineno)
         for node in ast.walk(tree):
-            name, call = None, None
             if isinstance(node, ast.Call):
                 func = node.func
                 fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if fname in GETTERS and len(node.args) >= 2 and _is_name(node.args[1]):
-                    name, call = node.args[1].value, node
-                elif (
-                    fname in SETTINGS_METHODS
-                    and isinstance(func, ast.Attribute)
-                    and _settings_like(func.value)
-                    and node.args
-                    and _is_name(node.args[0])
-                ):
-                    name = node.args[0].value
-            elif isinstance(node, ast.Subscript) and _settings_like(node.value) and _is_name(node.slice):
-                name = node.slice.value
-            if name is not None:
-                found.setdefault(name, []).append((str(path.relative_to(ROOT)), node.lineno, call))
-        for value in constants.values():
-            found.setdefault(value, []).append((str(path.relative_to(ROOT)), 0, None))
+                receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+                if fname in GETTERS and len(node.args) >= 2:
+                    literal = _is_name(node.args[1])
+                    add(_setting(node.args[1], constants), node.lineno, node if literal else None)
+                elif fname in SETTINGS_METHODS and isinstance(func, ast.Attribute) and _settings_like(func.value):
+                    if node.args:
+                        literal = _is_name(node.args[0])
+                        add(_setting(node.args[0], constants), node.lineno, node if literal else None)
+                elif (fname == "get" and receiver in ENVIRON) or (fname == "getenv" and receiver == "os"):
+                    if node.args:
+                        add(_setting(node.args[0], constants), node.lineno)
+            elif isinstance(node, ast.Subscript) and (_settings_like(node.value) or ast.unparse(node.value) in ENVIRON):
+                add(_setting(node.slice, constants), node.lineno)
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                container = node.comparators[0]
+                if _settings_like(container) or ast.unparse(container) in ENVIRON:
+                    add(_setting(node.left, constants), node.lineno)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+                if any(isinstance(t, ast.Name) and t.id == "custom_settings" for t in node.targets):
+                    for key in node.value.keys:
+                        add(_setting(key, constants), node.lineno)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for name in GIVEN.findall(node.value):
+                    add(name, node.lineno)
     return found
 
 
 def test_code_reads_no_setting_the_registry_lacks() -> None:
     read = settings_read()
     assert len(read) > 80  # the scan sees the code's reads
-    ours = {
-        name
-        for name in read
-        if name not in SCRAPY_NAMES and name not in registry.SCRAPY_REDIS and name not in NOT_SCRAPY
-    }
+    ours = {name for name in read if name not in SCRAPY_NAMES and name not in NOT_SCRAPY and name not in NOT_SETTINGS}
     undeclared = sorted(ours - set(registry.REGISTRY))
     assert not undeclared, {name: read[name][:2] for name in undeclared}
+
+
+def test_the_scan_sees_every_way_the_code_reads_a_setting(tmp_path: Path) -> None:
+    """What the scan must find, so that a setting read any of these ways without a registry entry
+    fails the test above."""
+    module = tmp_path / "reads.py"
+    module.write_text(
+        textwrap.dedent(
+            """
+            import os
+
+            NAME = "A_CONSTANT"
+            REPLAY_SETTINGS = {"A_COMMAND_SETS": True, NAME: 1}
+
+
+            class Spider:
+                custom_settings = {"A_SPIDER_SETS": 1}
+
+
+            def read(settings, crawler):
+                settings.get("A_GET")
+                crawler.settings.getint("A_GETINT")
+                get_float(settings, "A_GETTER", 1.0)
+                settings.getbool(NAME)
+                settings["A_SUBSCRIPT"]
+                "A_MEMBER" in crawler.settings
+                os.environ.get("AN_ENVIRONMENT_GET")
+                os.getenv("A_GETENV")
+                os.environ["AN_ENVIRONMENT_ITEM"]
+                "AN_ENVIRONMENT_MEMBER" not in os.environ
+                print(f"set -s A_FLAG=true to change it ({settings.get('A_GET')})")
+            """
+        )
+    )
+    assert set(settings_read([module])) == {
+        "A_CONSTANT",
+        "A_COMMAND_SETS",
+        "A_SPIDER_SETS",
+        "A_GET",
+        "A_GETINT",
+        "A_GETTER",
+        "A_SUBSCRIPT",
+        "A_MEMBER",
+        "AN_ENVIRONMENT_GET",
+        "A_GETENV",
+        "AN_ENVIRONMENT_ITEM",
+        "AN_ENVIRONMENT_MEMBER",
+        "A_FLAG",
+    }
 
 
 def test_every_declared_setting_is_read_by_the_code() -> None:

@@ -29,6 +29,7 @@ from twisted.internet.defer import Deferred
 
 from ..queue.leases import lease_abandoned
 from ..queue.requests import _callback_name
+from ..rendering import RENDERED_FLAG
 from ..runs_hook import current_run_id
 from ..scraping_api.middleware import FLAG as API_FLAG
 from .config import read_config
@@ -135,7 +136,7 @@ class ArchiveMiddleware:
             reason=_REASONS.get(response.status, ""),
             headers=headers,
             body=response.body,
-            via="api" if via_api else "direct",
+            via="api" if via_api else "rendered" if RENDERED_FLAG in response.flags else "direct",
             provider=self.provider if via_api else None,
             request=replayable_request(request, spider, self._callbacks),
         )

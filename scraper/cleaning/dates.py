@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, tzinfo
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -30,7 +31,7 @@ import dateparser
 
 from .date_locale import locale_reading
 
-__all__ = ["parse_date"]
+__all__ = ["DateReading", "parse_date", "read_date"]
 
 UTC = UTC
 
@@ -51,6 +52,17 @@ _REQUIRE_PARTS = ["day", "month", "year"]
 _DEFAULT_LANGUAGES = ("en",)
 
 
+@dataclass(frozen=True)
+class DateReading:
+    """A date, or why a text that may be one was refused (``problem``)."""
+
+    value: datetime | None = None
+    problem: str | None = None
+
+
+_NO_DATE = DateReading()
+
+
 def parse_date(
     raw: object,
     date_order: str | None = None,
@@ -58,12 +70,13 @@ def parse_date(
     languages: list[str] | None = None,
     locale: str | None = None,
 ) -> datetime | None:
-    """Return ``raw`` as an aware UTC datetime, or None if it is no full date.
+    """Return ``raw`` as an aware UTC datetime, or None if it is no full date or is refused.
 
     ``locale`` (the page's, ``pt-BR``) gives the numeric date order when ``date_order`` is not
     set (CLDR's short date pattern: ``dd/MM/y`` is DMY) and the calendar: a locale whose
     default calendar is not the Gregorian one is read in it (Buddhist years) or refused
-    (Persian), never stored as a Gregorian year 2569 or 1405.
+    (Persian), never stored as a Gregorian year 2569 or 1405. A numeric date the locale does
+    not write and that reads as several dates is refused (see :func:`read_date` for why).
 
     ``timezone`` is assumed for inputs that carry no offset (date-only inputs
     become midnight there). ``date_order`` ("DMY", "MDY", "YMD") settles
@@ -73,26 +86,48 @@ def parse_date(
     when None. Relative dates ("yesterday", "3 hours ago") are resolved
     against the current clock and never cached.
     """
+    return read_date(raw, date_order, timezone, languages, locale).value
+
+
+def read_date(
+    raw: object,
+    date_order: str | None = None,
+    timezone: str = "UTC",
+    languages: list[str] | None = None,
+    locale: str | None = None,
+) -> DateReading:
+    """What :func:`parse_date` reads, with the reason when a date is refused as ambiguous.
+
+    Without ``date_order``, a numeric date whose separators or field order the ``locale``'s
+    CLDR patterns do not write (``2.7.2026`` on an sv-FI page: ``y-MM-dd``) is read in the one
+    order that makes it a date; when several do (2 July, 7 February) it is refused with those
+    readings and the fix (``problem``), never one of them guessed.
+    """
     if raw is None or isinstance(raw, bool):
-        return None
+        return _NO_DATE
     if isinstance(raw, datetime):
-        return _localise(raw, timezone)
+        return DateReading(_localise(raw, timezone))
     if isinstance(raw, date):
-        return _localise(datetime(raw.year, raw.month, raw.day), timezone)
+        return DateReading(_localise(datetime(raw.year, raw.month, raw.day), timezone))
     if isinstance(raw, (int, float)):
-        return _from_epoch(raw)
+        return DateReading(_from_epoch(raw))
     if not isinstance(raw, str):
-        return None
+        return _NO_DATE
 
     text = " ".join(raw.split())
     if not text:
-        return None
+        return _NO_DATE
     if locale:
         reading = locale_reading(locale)
         text = reading.prepare(text)
-        found = _parse_string(text, date_order or reading.order, timezone, languages, relative=reading.relative)
-        return reading.to_gregorian(found, text) if found is not None else None
-    return _parse_string(text, date_order, timezone, languages)
+        order = date_order
+        if order is None:
+            order, problem = reading.numeric_order(text)
+            if problem is not None:
+                return DateReading(problem=problem)
+        found = _parse_string(text, order, timezone, languages, relative=reading.relative)
+        return DateReading(reading.to_gregorian(found, text) if found is not None else None)
+    return DateReading(_parse_string(text, date_order, timezone, languages))
 
 
 def _parse_string(

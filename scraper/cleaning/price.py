@@ -18,7 +18,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from price_parser import Price
 
-from .currency import CurrencyReading, minor_units, read_mark, territory_of
+from .currency import CurrencyReading, minor_units, read_mark, shown_digits, territory_of
 from .numbers import NumberError, locale_symbols, normalise_numbers
 
 __all__ = ["PriceReading", "parse_price", "read_price"]
@@ -170,14 +170,16 @@ def read_price(
         and amount is not None
         and amount.as_tuple().exponent == -3
         and currency.code
-        and minor_units(currency.code) < 3
+        and shown_digits(currency.code) < 3
     ):
         # "1.234 €" on an "en" page: the locale reads 1.234, a price in euros has no third
-        # decimal, and the writer most likely meant 1234. Neither is stored as a guess.
+        # decimal, and the writer most likely meant 1234. Neither is stored as a guess. IQD
+        # has three in ISO 4217 but none where CLDR formats it, so "1.235 IQD" is as ambiguous.
         return PriceReading(
-            problem=f"three decimals for {currency.code}, which has {minor_units(currency.code)}: "
-            f"a decimal mark by locale {symbols.locale} or a thousands grouping? "
-            "declare the page's locale (meta 'locale')"
+            problem=f"three decimals for {currency.code}, which is written with "
+            f"{shown_digits(currency.code)}: a decimal mark by locale {symbols.locale} or a thousands "
+            "grouping? declare the locale the page writes in (meta 'locale'), or set decimal_separator "
+            "if its prices do have three decimals"
         )
     return _finish(amount, currency)
 

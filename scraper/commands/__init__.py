@@ -10,13 +10,20 @@ from scrapy.spiderloader import get_spider_loader
 
 from .. import backends
 from ..config import ConfigError
+from ..queue import signing
 
 
-def backends_or_report(command: Any, need_postgres: bool = True, need_redis: bool = True) -> backends.Backends | None:
+def backends_or_report(
+    command: Any, need_postgres: bool = True, need_redis: bool = True, signs: bool = False
+) -> backends.Backends | None:
     """Resolve Redis and Postgres (or only the one needed) for an operator command; on a bad
-    setting, print the one-line error, set exit status 2 and return None."""
+    setting, print the one-line error, set exit status 2 and return None. *signs*: the command
+    reads or writes queue entries, so a shared Redis needs the fleet's ``SCHEDULER_SECRET``."""
     try:
-        return backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres, need_redis=need_redis)
+        found = backends.apply(command.settings, priority="cmdline", need_postgres=need_postgres, need_redis=need_redis)
+        if signs:
+            signing.check(command.settings)
+        return found
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         command.exitcode = 2

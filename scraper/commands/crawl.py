@@ -19,6 +19,7 @@ from scrapy.commands.crawl import Command as ScrapyCrawl
 
 from .. import addon, backends
 from ..config import ConfigError, get_bool
+from ..rendering.spec import check_spider as check_rendering
 from ..scraping_api.middleware import get_settings as api_settings
 
 
@@ -51,6 +52,7 @@ class Command(ScrapyCrawl):
             check = getattr(crawler.spidercls, "check_settings", None)
             if check is not None:
                 check(crawler.settings)
+            check_rendering(crawler.spidercls, crawler.settings)  # its `render` spec, and a browser for it
             found = backends.apply(crawler.settings)
             crawler.settings.set("METRICS_ANNOUNCE", True, priority="cmdline")
             if getattr(opts, "due", False):

@@ -71,6 +71,12 @@ class Command(ScrapyCommand):
             help="fetch every page through the local scraping-API stand-in (AlterLab's wire contract)",
         )
 
+        parser.add_argument(
+            "--render",
+            action="store_true",
+            help="crawl the shop's JavaScript-only section (/js/) in a real browser: the demo_js spider",
+        )
+
     def run(self, args: list[str], opts: Namespace) -> None:
         # Development tools, not in the egg scrapyd runs: loaded only when the demo runs (Scrapy
         # imports every command module for every command, scrapyd's jobs included).
@@ -90,7 +96,8 @@ class Command(ScrapyCommand):
             )
         api = None
         try:
-            crawler = self.crawler_process.create_crawler("demo")
+            spider = "demo_js" if opts.render else "demo"
+            crawler = self.crawler_process.create_crawler(spider)
             crawler.settings.set("DEMO_SITE_URL", site.url, priority="cmdline")
             if not crawler.settings.get("FETCH_ALLOW_NETWORKS"):
                 # The demo shop (and the API stand-in) listen on this machine's loopback.
@@ -99,9 +106,10 @@ class Command(ScrapyCommand):
                 api = StandIn(secrets.token_urlsafe(16)).start()
                 crawler.settings.set("SCRAPING_API_KEY", api.key, priority="cmdline")
                 crawler.settings.set("SCRAPING_API_URL", api.url, priority="cmdline")
-            if "FETCH_ALLOW_NETWORKS" not in os.environ:
-                # The demo shop (and the API stand-in) listen on loopback, refused otherwise.
-                crawler.settings.set("FETCH_ALLOW_NETWORKS", "127.0.0.0/8", priority="cmdline")
+            if "POLITENESS_SLOW_START_RATE" not in os.environ:
+                # The demo shop is ours and takes any rate: an unknown site's first seconds at a
+                # few requests per second (politeness' slow start) would only slow the demo.
+                crawler.settings.set("POLITENESS_SLOW_START_RATE", 0, priority="cmdline")
             if "SCHEDULER_IDLE_TIMEOUT" not in os.environ:
                 # Nobody else works on this queue: no need to wait for other nodes.
                 crawler.settings.set("SCHEDULER_IDLE_TIMEOUT", 1, priority="cmdline")
@@ -139,17 +147,23 @@ class Command(ScrapyCommand):
         conn = psycopg2.connect(found.database_url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT count(*) FROM products WHERE source = 'demo'")
+                cur.execute("SELECT count(*) FROM products WHERE source = %s", (spider,))
                 products = cur.fetchone()[0]
-                cur.execute("SELECT count(*) FROM rejects WHERE spider = 'demo'")
+                cur.execute("SELECT count(*) FROM rejects WHERE spider = %s", (spider,))
                 rejects = cur.fetchone()[0]
         finally:
             conn.close()
-        expected = len(catalog.valid_products())
-        print(
-            f"demo: Postgres holds {products} demo products (the shop has {expected} valid ones) "
-            f"and {rejects} rejects (the shop has {len(catalog.broken_products())} broken pages)"
-        )
+        if opts.render:
+            print(
+                f"demo: Postgres holds {products} products of the JavaScript-only section (it has "
+                f"{len(site.js.products)}), rendered in {stats.get('render/pages', 0)} browser pages"
+            )
+        else:
+            expected = len(catalog.valid_products())
+            print(
+                f"demo: Postgres holds {products} demo products (the shop has {expected} valid ones) "
+                f"and {rejects} rejects (the shop has {len(catalog.broken_products())} broken pages)"
+            )
         # Commands that still work once this process (and the embedded servers with it) is gone.
         print('demo: look inside with: .venv/bin/scrapy dbshell -c "SELECT sku, title, price FROM products LIMIT 5"')
         print("demo: export with: .venv/bin/scrapy export products -o products.csv (or .jsonl, .json; --since 1h)")

@@ -91,7 +91,7 @@ class Command(ScrapyCommand):
             return report_error(self, "dlq requeue: say which, --all or --reason PREFIX")
         if spider_or_report(self, spider) is None:
             return
-        found = backends_or_report(self, need_postgres=False)
+        found = backends_or_report(self, need_postgres=False, signs=True)
         if found is None:
             return
         server = get_redis(found.redis_url)

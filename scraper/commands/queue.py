@@ -85,7 +85,7 @@ class Command(ScrapyCommand):
     def run(self, args: list[str], opts: Namespace) -> None:
         if any(spider_or_report(self, name) is None for name in args):
             return
-        found = backends_or_report(self, need_postgres=False)
+        found = backends_or_report(self, need_postgres=False, signs=True)
         if found is None:
             return
         try:

@@ -14,21 +14,44 @@ import psycopg2
 from ..backends.redis_client import get_redis
 from ..config import get_float
 from ..items import StoredItem, stored_item_types
+from ..quality.settings import read_settings, value_shifts
 from ..queue import keys
 from ..runs.nodes import NodeRegistry
 from ..storage import held, revert
 
 
-def held_report(conn: Any, spider: str, run_id: int, shown: int = 20) -> list[str]:
+def failing_values(conn: Any, settings: Any, spider: str, run_id: int) -> list[str]:
+    """What applying run *run_id*'s held changes would write that the run's pair checks fail:
+    one line per field whose held values moved, against the stored rows, in more than
+    ``QUALITY_PRICE_JUMPS`` of the pairs."""
+    conf = read_settings(settings)
+    out = []
+    for item_type in stored_item_types():
+        shifts = value_shifts(item_type, conf.price_shift)
+        for name, (pairs, moved) in sorted(held.value_moves(conn, spider, run_id, [item_type], shifts).items()):
+            field = name.split(".", 1)[1]
+            if pairs and moved / pairs > conf.price_jumps + 1e-9:
+                out.append(
+                    f"{name}: {moved} of {pairs} held values moved by more than {shifts[field]:.0%} from the "
+                    f"stored ones ({moved / pairs:.0%}, the pair check allows {conf.price_jumps:.0%})"
+                )
+    return out
+
+
+def held_report(conn: Any, spider: str, run_id: int, shown: int = 20, settings: Any = None) -> list[str]:
     """The lines ``--report`` adds for a run that holds changes (none when it holds nothing)."""
     counts = held.summary(conn, spider, run_id)
     if not counts:
         return []
     lines = [
         f"Held by run {run_id} (its quality broke): {counts.get('item', 0)} item change(s), "
+        f"{counts.get('value', 0)} waiting value change(s), "
         f"{counts.get('gone', 0)} gone-mark(s); stored rows keep their values until "
         f"`scrapy runs {spider} --apply {run_id}` or `--discard {run_id}`"
     ]
+    if settings is not None:
+        for line in failing_values(conn, settings, spider, run_id):
+            lines.append(f"  would fail: {line}: --apply refuses them without --force")
     listed = held.listed(conn, spider, run_id, shown)
     for entry in listed:
         key = ", ".join(map(str, entry.key))
@@ -57,7 +80,7 @@ def _types_of(conn: Any, spider: str, run_id: int, table: str) -> tuple[list[typ
     return [declared[t] for t in tables if t in declared], [t for t in tables if t not in declared]
 
 
-def act(found: Any, settings: Any, spider: str, action: str, run_id: int) -> int:
+def act(found: Any, settings: Any, spider: str, action: str, run_id: int, force: bool = False) -> int:
     """Apply, discard or revert run *run_id* of *spider*; the exit status."""
     server = get_redis(found.redis_url)
     if _running(server, spider, run_id, get_float(settings, "RUNS_NODE_TTL", 60.0, minimum=1)):
@@ -88,6 +111,17 @@ def act(found: Any, settings: Any, spider: str, action: str, run_id: int) -> int
             if not held.summary(conn, spider, run_id):
                 print(f"run {run_id} of {spider} holds no changes: nothing to apply")
                 return 0
+            failing = failing_values(conn, settings, spider, run_id)
+            if failing and not force:
+                print(
+                    f"error: run {run_id} of {spider} holds values that fail its checks; applying would store them:\n  "
+                    + "\n  ".join(failing)
+                    + f"\n--discard {run_id} drops them; --apply {run_id} --force writes them all the same",
+                    file=sys.stderr,
+                )
+                return 1
+            if failing:
+                print("warning: writing values that fail the run's checks (--force):\n  " + "\n  ".join(failing))
             done = held.apply(conn, spider, run_id, types)
             print(
                 f"run {run_id} of {spider}: {done.upserted} row(s) written, {done.gone} marked gone, "

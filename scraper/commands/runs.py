@@ -158,6 +158,11 @@ class Command(ScrapyCommand):
         )
         parser.add_argument("--discard", type=int, metavar="RUN", help="drop the changes run RUN held")
         parser.add_argument(
+            "--force",
+            action="store_true",
+            help="with --apply: write held values even where they fail the run's checks (see --report)",
+        )
+        parser.add_argument(
             "--revert", type=int, metavar="RUN", help="undo what finished run RUN changed, from the history"
         )
 
@@ -179,7 +184,7 @@ class Command(ScrapyCommand):
                     "--apply, --discard and --revert take one spider and one run: scrapy runs SPIDER --apply RUN"
                 )
             get_spider_loader(self.settings).load(args[0])  # registers the spider's item types
-            self.exitcode = changes.act(found, self.settings, args[0], *actions[0])
+            self.exitcode = changes.act(found, self.settings, args[0], *actions[0], force=opts.force)
             return
         server = get_redis(found.redis_url)
         spiders = args or sorted(get_spider_loader(self.settings).list())
@@ -230,7 +235,7 @@ class Command(ScrapyCommand):
         conn = quality_store.connect(database_url)
         try:
             found = quality_store.report(conn, spiders[0], run_id)
-            held_lines = changes.held_report(conn, spiders[0], run_id)
+            held_lines = changes.held_report(conn, spiders[0], run_id, settings=self.settings)
         finally:
             conn.close()
         if found is None:

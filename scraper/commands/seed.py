@@ -81,7 +81,7 @@ class Command(ScrapyCommand):
             urls = list(read_urls(sources))  # all or nothing: a typo on line 900 queues no half list
         except UsageError as exc:
             return report_error(self, str(exc))
-        found = backends_or_report(self, need_postgres=False)
+        found = backends_or_report(self, need_postgres=False, signs=True)
         if found is None:
             return
         spider = spidercls.__new__(spidercls)  # only its name and methods are needed, not a crawl

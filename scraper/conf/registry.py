@@ -233,6 +233,21 @@ _ALL: list[Setting] = [
         ),
         ("POLITENESS_ADAPTIVE_MIN_RATE", "float", 0.1, "The lowest adaptive rate, requests/s.", {"minimum": 0.001}),
         (
+            "POLITENESS_SLOW_START_RATE",
+            "float",
+            4.0,
+            "Requests/s the fleet starts a site at when nothing declares its rate (slow start; 0: full speed "
+            "from the first request); a declared rate or Crawl-delay skips it.",
+            {"minimum": 0},
+        ),
+        (
+            "POLITENESS_SLOW_START_GROWTH",
+            "float",
+            2.0,
+            "The factor a slow start's rate grows by each second without a throttle (above 1).",
+            {"minimum": 1},
+        ),
+        (
             "POLITENESS_BLOCK_PATTERN",
             "regex",
             None,
@@ -326,6 +341,37 @@ _ALL: list[Setting] = [
             "bool",
             False,
             "Forget the spider's queue and seen-set at start (a `-s` option).",
+            {"env": False},
+        ),
+        (
+            "SCHEDULER_QUEUE_CLASS",
+            "str",
+            "scraper.queue.queues.PriorityQueue",
+            "The crawl scheduler's queue class (set in `settings.py`): signed JSON entries, leases, shards.",
+            {"env": False},
+        ),
+        (
+            "SCHEDULER_SERIALIZER",
+            "str",
+            "scraper.queue.serializer",
+            "The module (`dumps`, `loads`) queue entries are written with (set in `settings.py`): JSON, never pickle.",
+            {"env": False},
+        ),
+        (
+            "SCHEDULER_QUEUE_KEY",
+            "str",
+            None,
+            "The Redis key of a spider's queue, `%(spider)s` standing for its name (unset: `{<spider>}:requests`). "
+            "Only the crawl's scheduler reads it; `scrapy seed`, `queue`, `dlq` and the run state use the "
+            "default key: leave it unset.",
+            {"env": False},
+        ),
+        (
+            "SCHEDULER_DUPEFILTER_KEY",
+            "str",
+            None,
+            "The Redis key of a spider's seen-set, `%(spider)s` standing for its name (unset: "
+            "`{<spider>}:dupefilter`; not read with `DUPEFILTER_BACKEND=bloom`).",
             {"env": False},
         ),
         (
@@ -449,6 +495,22 @@ _ALL: list[Setting] = [
             3,
             "Times a page's sitemap `lastmod` may say it changed when it had not before its own history "
             "decides instead.",
+            {"minimum": 1},
+        ),
+        (
+            "REVISIT_CACHE_PAGES",
+            "int",
+            20000,
+            "Page states a crawl node keeps at hand (the most recently used); the others are read from "
+            "the `pages` table by key when a link, a due page or a visit needs them.",
+            {"minimum": 100},
+        ),
+        (
+            "REVISIT_SEED_AHEAD",
+            "int",
+            2000,
+            "A revisit run queues the pages due by their history while the shared queue holds fewer "
+            "requests than this: they are read from the database as it drains, not all at the start.",
             {"minimum": 1},
         ),
     ),
@@ -580,6 +642,12 @@ _ALL: list[Setting] = [
         ),
         ("QUALITY_PRICE_JUMPS", "fraction", 0.1, "At most this share of an item type's prices seen before may jump."),
         ("QUALITY_DEAD_LETTERS", "fraction", 0.05, "At most this share of a run's pages may end as dead letters."),
+        (
+            "QUALITY_UNREADABLE",
+            "fraction",
+            0.05,
+            "At most this share of an item type's items may have a value on the page the cleaner could not read.",
+        ),
         ("QUALITY_FAIL_EXIT", "bool", True, "`scrapy crawl` exits 3 when its run is degraded (false keeps 0)."),
         (
             "QUALITY_ON_BREAK",
@@ -796,6 +864,102 @@ _ALL: list[Setting] = [
         ),
     ),
     *_section(
+        "Change feed",
+        (
+            "CHANGEFEED_BATCH",
+            "int",
+            500,
+            "Events `scrapy feed run` reads and sends per batch (one confirm wait, one saved position).",
+            {"minimum": 1, "maximum": 100_000},
+        ),
+        (
+            "CHANGEFEED_POLL_INTERVAL",
+            "float",
+            0.5,
+            "Seconds the relay waits, once everything committed is published, before looking again.",
+            {"minimum": 0.01},
+        ),
+        (
+            "CHANGEFEED_RETRY_MAX_GAP",
+            "float",
+            30,
+            "Longest wait between two sends of a batch a sink did not confirm (the waits double up to it).",
+            {"minimum": 0.1},
+        ),
+        (
+            "CHANGEFEED_PUBLISH_TIMEOUT",
+            "float",
+            30,
+            "Seconds a sink may take to confirm a batch before it is sent again.",
+            {"minimum": 0.1},
+        ),
+        (
+            "CHANGEFEED_RABBITMQ_URL",
+            "secret",
+            "",
+            "RabbitMQ for `--sink rabbitmq`, e.g. `amqp://user:password@host:5672/vhost`.",
+        ),
+        (
+            "CHANGEFEED_RABBITMQ_STREAM",
+            "str",
+            "item_changes",
+            "The RabbitMQ stream (a queue of type stream) events go to.",
+        ),
+        (
+            "CHANGEFEED_RABBITMQ_MAX_AGE",
+            "str",
+            "7D",
+            "How long the stream keeps events for late consumers (`x-max-age`: a number and Y, M, D, h, m or s).",
+        ),
+        ("CHANGEFEED_NATS_URL", "secret", "", "NATS for `--sink nats`, e.g. `nats://user:password@host:4222`."),
+        ("CHANGEFEED_NATS_STREAM", "str", "ITEM_CHANGES", "The JetStream stream events go to (made if missing)."),
+        (
+            "CHANGEFEED_NATS_SUBJECT",
+            "str",
+            "item_changes",
+            "Subject prefix: an event goes to `PREFIX.<table>.<kind>`; the stream takes `PREFIX.>`.",
+        ),
+        (
+            "CHANGEFEED_NATS_DUPLICATE_WINDOW",
+            "float",
+            120,
+            "Seconds JetStream drops a second copy of an event id; must exceed "
+            "`CHANGEFEED_RETRY_MAX_GAP` + `CHANGEFEED_PUBLISH_TIMEOUT`.",
+            {"minimum": 1},
+        ),
+        ("CHANGEFEED_WEBHOOK_URL", "secret", "", "Where `--sink webhook` POSTs batches of events."),
+        (
+            "CHANGEFEED_WEBHOOK_SECRET",
+            "secret",
+            "",
+            "HMAC-SHA256 key of the `X-Changefeed-Signature` header (at least 16 characters).",
+        ),
+        (
+            "CHANGEFEED_WEBHOOK_TRIES",
+            "int",
+            6,
+            "Sends of one batch (waits doubling up to `CHANGEFEED_RETRY_MAX_GAP`) before its events "
+            "become dead letters (`change_feed_dead_letters`).",
+            {"minimum": 1},
+        ),
+        ("CHANGEFEED_WEBHOOK_TIMEOUT", "float", 10, "Seconds one webhook request may take.", {"minimum": 0.1}),
+        (
+            "CHANGEFEED_LAKE_FOLDER",
+            "path",
+            None,
+            "Where `--sink lake` writes its Iceberg tables (`changes`, `current`: Parquet files and "
+            "metadata); their catalog is in the project's Postgres.",
+        ),
+        ("CHANGEFEED_LAKE_NAMESPACE", "str", "changefeed", "The Iceberg namespace of the lake's tables."),
+        (
+            "CHANGEFEED_METRICS_PORT",
+            "int",
+            0,
+            "Port of the relay's own Prometheus endpoint (`scraper_changefeed_*`, bound to `METRICS_BIND`); 0: none.",
+            {"minimum": 0, "maximum": 65535},
+        ),
+    ),
+    *_section(
         "Metrics",
         ("METRICS_ENABLED", "bool", True, "Serve Prometheus metrics from each crawl process."),
         ("METRICS_BIND", "str", "127.0.0.1", "Address of the metrics endpoint."),
@@ -818,13 +982,139 @@ _ALL: list[Setting] = [
             {"env": False, "minimum": 0},
         ),
     ),
+    *_section(
+        "Provenance",
+        (
+            "PROVENANCE_ENABLED",
+            "bool",
+            True,
+            "Learn which selector produced each field of each item (`item._sources`) and count it per "
+            "run in the table `field_sources` (`scrapy sources SPIDER`); no change to the spiders.",
+        ),
+    ),
+    *_section(
+        "Repair",
+        (
+            "REPAIR_ENABLED",
+            "bool",
+            True,
+            "When the guard breaks a field, learn where it went from the run's pages and the stable "
+            "stored values, and read it from there once verified (table `repairs`, `scrapy repairs SPIDER`).",
+        ),
+        (
+            "REPAIR_APPLY",
+            "choice",
+            "auto",
+            "`auto`: a verified repair is applied at once, on every node; `review`: it waits for "
+            "`scrapy repairs SPIDER --accept ID`.",
+            {"choices": ("auto", "review")},
+        ),
+        (
+            "REPAIR_PAGES",
+            "int",
+            300,
+            "Pages kept in memory per item type as evidence (pages that yielded one item of the type).",
+            {"minimum": 10},
+        ),
+        (
+            "REPAIR_MIN_PAGES",
+            "int",
+            20,
+            "Pages with a stable stored value a repair needs before it is tried (a share is kept apart "
+            "to validate on).",
+            {"minimum": 3},
+        ),
+        (
+            "REPAIR_STABLE_RUNS",
+            "int",
+            1,
+            "Earlier runs a stored value must have gone unchanged through to count as evidence.",
+            {"minimum": 1},
+        ),
+        ("REPAIR_TRIES", "int", 3, "Tries per broken field and run (each with new pages).", {"minimum": 1}),
+        (
+            "REPAIR_POLL",
+            "float",
+            5.0,
+            "Seconds between two reads of the repairs in force (a repair one node learns reaches the others).",
+            {"minimum": 0.1},
+        ),
+    ),
+    *_section(
+        "Rendering",
+        (
+            "RENDER_BROWSER",
+            "str",
+            "/usr/bin/chromium",
+            "The Chromium that renders pages a spider marks `render` (Debian's `chromium`: `make tools`).",
+        ),
+        (
+            "RENDER_MAX_PAGES",
+            "int",
+            4,
+            "Pages rendered at once by one node (each a browser tab; the rest wait their turn).",
+            {"minimum": 1},
+        ),
+        (
+            "RENDER_CONTEXT_PAGES",
+            "int",
+            50,
+            "Pages a browser context serves before a fresh one replaces it (cookies, caches and leaks go with it).",
+            {"minimum": 1},
+        ),
+        (
+            "RENDER_PAGE_TIMEOUT",
+            "float",
+            30,
+            "Seconds one page may take in the browser, its actions included (then a timeout, retried as any).",
+            {"minimum": 0.1},
+        ),
+        (
+            "RENDER_BLOCK_RESOURCES",
+            "list",
+            "image,font,media",
+            "Resource types a rendered page is never given (comma-separated Playwright names; `none`: none).",
+        ),
+        (
+            "RENDER_CRASH_RETRIES",
+            "int",
+            2,
+            "Tries again of a page whose browser crashed under it (the browser is started again first).",
+            {"minimum": 0},
+        ),
+        (
+            "RENDER_ERROR_RETRIES",
+            "int",
+            2,
+            "Renders again of a page that shows the error its spider named (`retry_if`), before it is a dead letter.",
+            {"minimum": 0},
+        ),
+        (
+            "RENDER_MAX_ACTIONS",
+            "int",
+            100,
+            "Clicks (`click`) and scrolls (`scroll`) at most per page.",
+            {"minimum": 1},
+        ),
+        (
+            "RENDER_SETTLE_TIME",
+            "float",
+            0.5,
+            "Seconds a page may take to grow after a scroll or a click before it is taken as complete.",
+            {"minimum": 0.01},
+        ),
+        (
+            "RENDER_MAX_REDIRECTS",
+            "int",
+            5,
+            "Redirects one request of a rendered page may follow (each hop checked by the fetch boundary).",
+            {"minimum": 0},
+        ),
+    ),
 ]
 
 REGISTRY: dict[str, Setting] = {s.name: s for s in _ALL}
 assert len(REGISTRY) == len(_ALL), "a setting is declared twice"
-
-#: Settings of scrapy-redis' scheduler this project's scheduler reads (fixed in settings.py).
-SCRAPY_REDIS = ("SCHEDULER_QUEUE_CLASS", "SCHEDULER_QUEUE_KEY", "SCHEDULER_DUPEFILTER_KEY", "SCHEDULER_SERIALIZER")
 
 
 def environment_values(environ: dict[str, str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 
 from .catalog import Catalog
+from .ref_links import RefLinks
 from .server import DemoSite
 
 
@@ -33,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="SHARE",
         help="serve a share of product pages (0.5) in a new layout the demo spider does not know",
+    )
+    parser.add_argument(
+        "--ref-links",
+        choices=("home", "other"),
+        nargs="?",
+        const="home",
+        default=None,
+        metavar="FIRST",
+        help="link products as /p/ID.html?ref=CATEGORY with no canonical link; FIRST: whose link "
+        "answers first for a product in two categories (home, other)",
     )
     return parser
 
@@ -60,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
 
-    site = DemoSite(catalog, host=args.host, port=args.port, delay_ms=args.delay_ms, break_layout=args.break_layout)
+    site = DemoSite(
+        catalog,
+        host=args.host,
+        port=args.port,
+        delay_ms=args.delay_ms,
+        break_layout=args.break_layout,
+        ref_links=RefLinks(first=args.ref_links) if args.ref_links else None,
+    )
     try:
         site.start()
     except OSError as exc:

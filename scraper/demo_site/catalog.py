@@ -277,6 +277,7 @@ class Catalog:
         seed: int = 42,
         reprice: int = 0,
         removed: tuple[int, ...] = (),
+        broken: bool = True,
     ) -> None:
         if products < 1 or categories < 1 or per_page < 1 or reprice < 0:
             raise ValueError("products, categories and per_page must be >= 1, reprice >= 0")
@@ -285,7 +286,9 @@ class Catalog:
         self.per_page = per_page
         self.seed = seed
         self.reprice = reprice
-        self.categories, base = _generate(products, categories, seed)
+        # False: no broken page at all (a shop whose runs have no rejects).
+        self.broken = broken
+        self.categories, base = _generate(products, categories, seed, broken)
         self.products, self.repriced_ids = _apply_reprice(base, reprice)
         # Products taken off the shop: no page, no listing entry (what a shop does with a
         # discontinued product).
@@ -315,11 +318,15 @@ class Catalog:
 
     def with_reprice(self, count: int) -> Catalog:
         """Same catalog with ``count`` (absolute, not cumulative) products repriced."""
-        return Catalog(self.product_count, self.category_count, self.per_page, self.seed, count, self.removed)
+        return Catalog(
+            self.product_count, self.category_count, self.per_page, self.seed, count, self.removed, self.broken
+        )
 
     def with_removed(self, ids: tuple[int, ...]) -> Catalog:
         """Same catalog without the products *ids* (absolute, not cumulative)."""
-        return Catalog(self.product_count, self.category_count, self.per_page, self.seed, self.reprice, ids)
+        return Catalog(
+            self.product_count, self.category_count, self.per_page, self.seed, self.reprice, ids, self.broken
+        )
 
     # -- lookups -----------------------------------------------------------
 
@@ -396,12 +403,14 @@ class Catalog:
 # -- generation -----------------------------------------------------------
 
 
-def _generate(n: int, n_categories: int, seed: int) -> tuple[list[Category], list[Product]]:
+def _generate(n: int, n_categories: int, seed: int, broken: bool = True) -> tuple[list[Category], list[Product]]:
     # The order of RNG calls below is part of the determinism contract:
     # reordering them changes every generated site.
     rng = random.Random(seed)
     categories = _make_categories(rng, n_categories)
     kinds = _assign_kinds(rng, n)
+    if not broken:
+        kinds = {pid: kind for pid, kind in kinds.items() if kind not in BROKEN_KINDS}
     ordinary = [pid for pid in range(1, n + 1) if pid not in kinds]
     free_count = 0 if n < 10 else (1 if n < 100 else 2)
     free_ids = set(rng.sample(ordinary, min(free_count, len(ordinary))))

@@ -26,7 +26,9 @@ from urllib.parse import parse_qs, urlsplit
 from . import layout, pages
 from .catalog import Catalog
 from .changes import ChangeClock
+from .js_section import JsSection
 from .pages import Page
+from .ref_links import RefLinks
 from .sections import SECTIONS, render_section, section_route
 
 __all__ = ["DemoSite"]
@@ -140,6 +142,7 @@ class _Renderer:
         if kind == "product":
             product = self.catalog.product(key[1])
             assert product is not None
+            product = layout.bundled(product, self.break_layout, self.parts)
             if self.changes is None:
                 return layout.apply(pages.render_product(self.catalog, product), product, self.break_layout, self.parts)
             served = self.changes.serve(product)
@@ -176,6 +179,7 @@ class DemoSite:
         crawl_delay: float = 0.0,
         tracking: bool = False,
         changes: ChangeClock | None = None,
+        ref_links: RefLinks | None = None,
     ) -> None:
         self.host = host
         # Announced in robots.txt (``Crawl-delay``), for every user agent; 0: none.
@@ -183,10 +187,15 @@ class DemoSite:
         # Listing pages link each product twice, as shops that track clicks do: once with campaign
         # parameters and a click id, once with a session id in the path too (see tracked_links).
         self.tracking = tracking
+        # Product links as /p/<id>.html?ref=<category> and no canonical link (see ref_links.py);
+        # switched between runs by assigning another RefLinks.
+        self.ref_links = ref_links
         self.delay = max(0, delay_ms) / 1000
         self._requested_port = port
         # The share of product pages in a new layout (see layout.py); 0 serves the shop as is.
         self._renderer = _Renderer(catalog, break_layout, changes=changes)
+        # /js/: products that exist only once a script has run (see js_section.py).
+        self.js = JsSection(catalog)
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
         # When requests arrived (time.monotonic) and how many were served at once: what a
@@ -263,6 +272,8 @@ class DemoSite:
 
     def page(self, path: str, query: str = "") -> Page:
         """What the server answers for ``path`` (before Host substitution)."""
+        if path.startswith("/js/"):
+            return self.js.page(path, query) or _NOT_FOUND
         if self.crawl_delay and path == "/robots.txt":
             return pages.render_robots(self.crawl_delay)
         if ";" in path:
@@ -270,7 +281,22 @@ class DemoSite:
         page = self._renderer.page(path, query)
         if self.tracking and path.startswith("/c/") and "/p/" not in path and page.status == 200:
             return tracked_links(page, path, query)
+        ref_links = self.ref_links
+        if ref_links is not None and page.status == 200 and path != "/":
+            if "/p/" not in path:
+                return ref_links.listing(page, self.catalog) if path.startswith("/c/") else page
+            return ref_links.product(page)
         return page
+
+    def answer_delay(self, path: str, query: str) -> float:
+        """Seconds the answer to *path*?*query* waits (``delay_ms``, and a ``?ref=`` link that
+        comes second, see ref_links.py)."""
+        if path.startswith("/js/"):
+            return self.delay + self.js.delay(path)
+        ref_links = self.ref_links
+        if ref_links is None:
+            return self.delay
+        return self.delay + ref_links.delay(self.catalog, path, query)
 
     def reprice(self, count: int) -> list[int]:
         """Serve the catalog with ``count`` products repriced; returns their ids."""
@@ -554,8 +580,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(405, "text/plain; charset=utf-8", b"method not allowed\n", allow)
             return
         with site.serving():
-            if site.delay:
-                time.sleep(site.delay)
+            delay = site.answer_delay(split.path, split.query)
+            if delay:
+                time.sleep(delay)
             page = site.page(split.path, split.query)
             if page.status == 200 and site.changes is not None and _still_valid(page, self.headers):
                 site.record_not_modified()

@@ -1,9 +1,9 @@
 """A short summary of the crawl, logged (and printed by ``make demo``) when the spider closes.
 
 A crawl that fetched nothing, or whose start requests were dropped, also gets a warning naming
-the cause (offsite, robots.txt, already seen in this run, unreachable) and the setting or flag
-that changes it: those reasons otherwise live only in the stats, under a summary that says
-"0 pages … 0 errors".
+the cause (offsite, robots.txt, already seen in this run, refused by the fetch boundary,
+unreachable) and the setting or flag that changes it: those reasons otherwise live only in the
+stats, under a summary that says "0 pages … 0 errors".
 
 The pages/s rate is over the time the crawl was fetching (until its last response), not the
 idle wait for other nodes' work before a finished crawl closes.
@@ -23,6 +23,7 @@ from ..runs.cost import cost
 logger = logging.getLogger(__name__)
 
 ACTIVE_STAT = "summary/active_seconds"
+_IGNORED = "scrapy.exceptions.IgnoreRequest"
 
 
 def summarize(stats: dict[str, Any], elapsed: float) -> str:
@@ -92,19 +93,41 @@ def causes(stats: dict[str, Any], spider: Any = None) -> list[str]:
                 f"{seen} already seen in this run (the seen-set of a run that has not finished; "
                 f"`scrapy crawl {name} --fresh` discards that run)"
             )
-    failed = stats.get("downloader/exception_count", 0)
-    if failed:
+    refused = stats.get("fetch_boundary/forbidden_address", 0)
+    if refused:
+        found.append(
+            f"{refused} requests refused by the fetch boundary (a loopback, private or link-local "
+            "address, which a crawl node does not fetch unless FETCH_ALLOW_NETWORKS allows its network: "
+            "FETCH_ALLOW_NETWORKS=127.0.0.0/8 for a site on this machine)"
+        )
+    scheme = stats.get("fetch_boundary/forbidden_scheme", 0)
+    if scheme:
+        found.append(f"{scheme} requests refused by the fetch boundary (not http or https)")
+    outside = stats.get("fetch_boundary/offsite", 0)
+    if outside:
+        domains = getattr(spider, "allowed_domains", None)
+        found.append(
+            f"{outside} requests refused by the fetch boundary (not in the spider's allowed_domains {domains!r})"
+        )
+    # A request a downloader middleware ignores (the boundary, offsite, robots.txt: each said
+    # above) is counted as a download exception too, though nothing was downloaded.
+    ignored = stats.get(f"downloader/exception_type_count/{_IGNORED}", 0)
+    failed = stats.get("downloader/exception_count", 0) - ignored
+    if failed > 0:
         kinds = sorted(
             (
                 key.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
                 for key in stats
-                if key.startswith("downloader/exception_type_count/")
+                if key.startswith("downloader/exception_type_count/") and not key.endswith(_IGNORED)
             ),
         )
         found.append(
             f"{failed} downloads failed, unreachable ({', '.join(kinds)}; check the start URL, "
             "DOWNLOAD_TIMEOUT and RETRY_TIMES)"
         )
+    unexplained = ignored - refused - scheme - outside - offsite - robots
+    if unexplained > 0:
+        found.append(f"{unexplained} requests ignored by a downloader middleware (its warning in the log says why)")
     return found
 
 
@@ -158,6 +181,9 @@ class CrawlSummary:
         revisit = revisit_line(values)
         if revisit:
             logger.info("Revisits: %s", revisit)
+        repaired = repair_line(values)
+        if repaired:
+            logger.info("Repairs: %s", repaired)
         polite = politeness_line(values)
         if polite:
             logger.info("Politeness: %s", polite)
@@ -184,6 +210,23 @@ class CrawlSummary:
         if not why:
             why = ["the spider yielded no request (check its start_urls or start())"]
         logger.warning("%s for %r: %s", what, getattr(spider, "name", "?"), "; ".join(why))
+
+
+def repair_line(values: dict[str, Any]) -> str:
+    """What repairs did in this process (see :mod:`scraper.repair.live`); empty when nothing."""
+    parts = []
+    if values.get("repair/learnt"):
+        parts.append(f"{values['repair/learnt']} learnt (`scrapy repairs SPIDER` lists them)")
+    if values.get("repair/refused"):
+        parts.append(f"{values['repair/refused']} tries refused (nothing verified: the field stays held)")
+    for key in sorted(values):
+        if key.startswith("repair/applied/"):
+            unread = values.get(f"repair/unread/{key[len('repair/applied/') :]}", 0)
+            parts.append(
+                f"{key[len('repair/applied/') :]} read through a repair in {values[key]} item(s)"
+                + (f", {unread} page(s) it does not read" if unread else "")
+            )
+    return "; ".join(parts)
 
 
 def revisit_line(values: dict[str, Any]) -> str:

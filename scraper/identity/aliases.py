@@ -1,13 +1,15 @@
-"""Aliases a page's canonical link teaches: URL -> the URL of the page it is.
+"""Aliases the fleet learns: URL -> the URL of the page it is.
 
-A product listed in two categories is reached at two paths; its page says which is its own
-(``<link rel="canonical">``, same host). No rule can tell that before the page is fetched, so the
-first run fetches each alias once and records it (``{<spider>}:aliases`` in Redis, shared by the
-fleet and kept across runs); from the next run on every alias has the canonical page's
-fingerprint, and the page is fetched once per run. An alias is not applied in the run that learnt
-it: the seen-set holds the fingerprint the alias had when it was fetched, and a fingerprint that
-changed mid-run would fetch the page again at its next link. Each entry says the run that learnt
-it (``"<run> <canonical URL>"``), so a node joining a run loads only what earlier runs learnt. A
+Two ways teach one. A page's canonical link (``<link rel="canonical">``, same host) says which
+URL is its own (:mod:`.canonical`). A page with no canonical link says nothing, but what it yields
+does: two URLs whose pages yield the same item are one page, and the URL first recorded for that
+item is the page's (:mod:`.content`). No rule can tell either before the pages are fetched, so
+the first run fetches each alias once and records it (``{<spider>}:aliases`` in Redis, shared by
+the fleet and kept across runs); from the next run on every alias has its page's fingerprint,
+and the page is fetched once per run. An alias is not applied in the run that learnt it: the
+seen-set holds the fingerprint the alias had when it was fetched, and a fingerprint that changed
+mid-run would fetch the page again at its next link. Each entry says the run that learnt it
+(``"<run> <page URL>"``), so a node joining a run loads only what earlier runs learnt. A
 developer command keeps nothing.
 """
 
@@ -17,6 +19,9 @@ from typing import Any
 
 #: Aliases a node keeps in memory (and Redis holds for the spider) at most.
 MAX_ALIASES = 1_000_000
+# A chain (A -> B learnt from content, B -> C from a canonical link later) resolves in one step
+# once loaded; past this many hops it is a loop, and left as it is.
+_MAX_HOPS = 8
 
 
 class Aliases:
@@ -62,4 +67,15 @@ class Aliases:
                 continue  # this run's own: applied from the next run
             if self.learn(alias, canonical or learnt_in):
                 count += 1
+        self._flatten()
         return count
+
+    def _flatten(self) -> None:
+        # resolve() is one dict lookup on every link: a chain is followed once here, not there.
+        known = self._known
+        for alias, target in known.items():
+            hops = 0
+            while target in known and hops < _MAX_HOPS:
+                target, hops = known[target], hops + 1
+            if hops and target != alias and target not in known:
+                known[alias] = target

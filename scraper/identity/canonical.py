@@ -4,8 +4,10 @@ For each HTML page, a same-host ``<link rel="canonical">`` names the page the re
 page's URL (after the spider's URL policy) becomes an alias of it (:mod:`.aliases`), shared with
 the fleet in Redis, so the next run fetches the page once whatever path leads to it. Every URL
 field of the page's items loses its trackers and session id (:mod:`.policy`), and an item whose
-``url`` is the page's own takes the canonical URL: a stored URL changes only when the page's
-canonical URL does, never because the links were found in another order.
+``url`` is the page's own takes the page's identity: its canonical URL, else the URL a known
+alias names. A page with no canonical link holds its first item back until its output ends: a
+sole item whose url is the page's own speaks for the page (:mod:`.content`). So a stored URL
+changes only when the page's identity does, never because the links were found in another order.
 
 The link is found with a byte search over the head of the body (no parse: ~2 µs a page). A
 canonical link to another host is not followed (a CDN or a syndication partner is not the page).
@@ -32,6 +34,7 @@ from ..items.base import StoredItem
 from ..queue.keys import aliases_key
 from ..runs_hook import current_run_id
 from ..shared_state import is_crawl_node
+from .content import SoleItem
 from .fingerprint import IdentityFingerprinter
 
 logger = logging.getLogger(__name__)
@@ -103,7 +106,9 @@ class CanonicalMiddleware:
             return
         if loaded:
             logger.info(
-                "%d URL aliases learnt from canonical links in earlier runs: each is fetched as its page", loaded
+                "%d URL aliases learnt in earlier runs (canonical links, pages yielding the same item): "
+                "each is fetched as its page",
+                loaded,
             )
         self.stats.set_value("identity/aliases_known", loaded)
         self._flushing = LoopingCall(self._flush)
@@ -148,27 +153,84 @@ class CanonicalMiddleware:
             self._url_fields[type(item)] = found
         return found
 
-    def _fix(self, obj: Any, response: Any, canonical: str | None) -> None:
-        if not isinstance(obj, StoredItem):
-            return
+    def _own(self, response: Any, canonical: str | None) -> tuple[str, str, str]:
+        """The URLs an item may give for the page's own (as fetched, after the policy), and the
+        page's identity: its canonical URL, else the URL a known alias names. Once per page with
+        items, not per item."""
+        applied = self.fingerprinter.policy.apply(response.url)
+        return (
+            response.url,
+            applied,
+            canonical if canonical is not None else self.fingerprinter.aliases.resolve(applied),
+        )
+
+    def _fix(self, obj: StoredItem, own: tuple[str, str, str]) -> bool:
+        """Clean *obj*'s URL fields; True when its url is the page's own (it then takes the page's identity)."""
         policy = self.fingerprinter.policy
+        found = False
         for name in self._fields(obj):
             value = obj.get(name)
             if not isinstance(value, str):
                 continue
-            if name == "url" and canonical is not None and value in (response.url, policy.apply(response.url)):
-                obj[name] = canonical
+            if name == "url" and (value == own[0] or value == own[1]):
+                obj[name], found = own[2], True
             else:
                 obj[name] = policy.apply(value)
+        return found
 
     def process_spider_output(self, response: Any, result: Iterable[Any]) -> Iterable[Any]:
-        canonical = self._learn(response)
-        for obj in result:
-            self._fix(obj, response, canonical)
-            yield obj
+        stream = _PageStream(self, response)
+        try:
+            for obj in result:
+                yield from stream.take(obj)
+        except Exception:
+            yield from stream.release()
+            raise
+        yield from stream.end()
 
     async def process_spider_output_async(self, response: Any, result: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        canonical = self._learn(response)
-        async for obj in result:
-            self._fix(obj, response, canonical)
-            yield obj
+        stream = _PageStream(self, response)
+        try:
+            async for obj in result:
+                for out in stream.take(obj):
+                    yield out
+        except Exception:
+            for out in stream.release():
+                yield out
+            raise
+        for out in stream.end():
+            yield out
+
+
+class _PageStream:
+    """One page's output through the middleware, the same for sync and async callbacks: items'
+    URL fields fixed; on a page without a canonical link, its first item held until the page
+    shows whether it is the page's sole item (see SoleItem)."""
+
+    def __init__(self, middleware: Any, response: Any) -> None:
+        self.middleware = middleware
+        self.response = response
+        self.canonical = middleware._learn(response)
+        self.own: tuple[str, str, str] | None = None
+        self.sole = SoleItem() if self.canonical is None else None
+
+    def take(self, obj: Any) -> list[Any]:
+        if not isinstance(obj, StoredItem):
+            return [obj]
+        self.own = self.own or self.middleware._own(self.response, self.canonical)
+        own_url = self.middleware._fix(obj, self.own)
+        if self.sole is None:
+            return [obj]
+        if self.sole.hold(obj, own_url):
+            return []
+        return [*self.release(), obj]
+
+    def release(self) -> list[Any]:
+        held = self.sole.release() if self.sole is not None else None
+        return [] if held is None else [held]
+
+    def end(self) -> list[Any]:
+        if self.sole is None:
+            return []
+        held = self.sole.end(self.own[2] if self.own else "")
+        return [] if held is None else [held]

@@ -5,6 +5,10 @@ An item type declares, on its Scrapy ``Field``s, everything the pipelines need:
 * ``sql``: the Postgres column type (fields without it are not stored);
 * ``clean``: which cleaner applies (``text``, ``price``, ``date``, ``url``);
 * ``required``, ``type``, ``max_length``, ``pattern``, ``minimum``: the validation schema;
+* ``join``: a field read with ``getall()`` stored as one text, its parts joined with a space
+  (``True``) or with the separator given (``join="; "``);
+* ``type=list``: a field whose parts are kept apart, each cleaned with the field's cleaner,
+  stored in an array or JSON column (``sql="text[]"``, ``"jsonb"``);
 
 and, on the class, ``table`` and ``key`` (the natural key, the columns that identify one entity).
 The store pipeline creates and migrates the table from this; nothing is declared twice.
@@ -34,6 +38,10 @@ class StoredItem(scrapy.Item):
         unstored = [name for name in cls.key if not cls.fields[name].get("sql")]
         if unstored:
             raise TypeError(f"{cls.__name__}: key fields {unstored} need an sql type")
+        for name, meta in cls.fields.items():
+            problem = _field_problem(meta)
+            if problem:
+                raise TypeError(f"{cls.__name__}.{name}: {problem}")
         _registry[cls.table] = cls
 
     @classmethod
@@ -66,6 +74,28 @@ class StoredItem(scrapy.Item):
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._values.get(key, default)
+
+
+# Cleaners that read one part as they read one value; a price fills its currency field and an
+# unreadable optional date is no problem, neither of which has a meaning per part.
+LIST_CLEANERS = (None, "text", "url", "availability")
+
+
+def _field_problem(meta: dict[str, Any]) -> str | None:
+    """What makes a field's declaration one the pipelines would store wrongly, or None."""
+    join, many, sql_type = meta.get("join"), meta.get("type") is list, str(meta.get("sql") or "")
+    if join not in (None, False, True) and not (isinstance(join, str) and join):
+        return f"join must be True (a space) or the separator, a non-empty string; got {join!r}"
+    if join and meta.get("clean") != "text":
+        return 'join needs clean="text": the parts are joined into one text'
+    if many and join:
+        return "type=list keeps the parts apart and join joins them: declare one of the two"
+    if many and meta.get("clean") not in LIST_CLEANERS:
+        return f"type=list cleans each part; clean={meta.get('clean')!r} cannot (use text, url or availability)"
+    base = sql_type.strip().lower()
+    if many and sql_type and not (base.endswith("[]") or base in ("json", "jsonb")):
+        return f'type=list needs an array or JSON column (sql="text[]" or "jsonb"), not {sql_type!r}'
+    return None
 
 
 def registered_item_types() -> list[type[StoredItem]]:

@@ -103,6 +103,21 @@ class CrawlCollector(Collector):
             s,
             get("scraping_api/run_spent"),
         )
+        yield _counter(
+            "scraper_rendered_pages", "Pages rendered in this node's browser.", ["spider"], {(s,): get("render/pages")}
+        )
+        yield _counter(
+            "scraper_render_refused",
+            "Requests of rendered pages the fetch boundary refused, by reason.",
+            ["spider", "reason"],
+            {(s, key.rsplit("/", 1)[1]): value for key, value in stats.items() if key.startswith("render/refused/")},
+        )
+        yield _counter(
+            "scraper_browser_crashes",
+            "Times this node's browser died or stopped answering (it is started again, its pages rendered again).",
+            ["spider"],
+            {(s,): get("render/browser_crashes")},
+        )
 
         queue = self.queue_info()
         yield _gauge("scraper_queue_depth", "Requests waiting in the shared queue.", s, queue.get("depth", 0))
@@ -197,6 +212,20 @@ class CrawlCollector(Collector):
                 (s, outcome): get(f"revisit/{outcome}")
                 for outcome in ("changed", "unchanged", "new", "not_modified", "skipped", "seeded")
             },
+        )
+
+        yield _counter(
+            "scraper_repairs",
+            "Repairs of broken fields tried, by outcome (learnt: verified and recorded; refused: nothing "
+            "could be verified, the field stays held).",
+            ["spider", "outcome"],
+            {(s, "learnt"): get("repair/learnt"), (s, "refused"): get("repair/refused")},
+        )
+        yield _counter(
+            "scraper_repair_items",
+            "Items whose field was read through a repair.",
+            ["spider"],
+            {(s,): sum(v for k, v in stats.items() if k.startswith("repair/applied/"))},
         )
 
         yield _counter("scraper_items_scraped", "Items the spider yielded.", ["spider"], {(s,): get("items/yielded")})

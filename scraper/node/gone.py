@@ -153,7 +153,9 @@ def _restore(crawler: Any, writer: Any, spider: str, broken: list[str]) -> None:
         return
     conn = psycopg2.connect(writer.dsn)
     try:
-        restored = restore_blanks(conn, spider, run_id, list(writer._types.values()), [b for b in broken if "." in b])
+        restored = restore_blanks(
+            conn, spider, run_id, list(writer._types.values()), [b for b in broken if "/" not in b]
+        )
     finally:
         conn.close()
     crawler.stats.set_value("quality/restored", restored)

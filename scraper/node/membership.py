@@ -68,6 +68,10 @@ class RunMembership:
         except Exception as exc:  # the run still starts; its row is written when Postgres is back
             logger.warning("Could not read the recorded runs of %r: %s", self.name, exc)
             return 0
+        if run_id and state != "finished" and self.run.has_run_record():
+            # Another node began a run, in Redis then in Postgres, between this node's two looks:
+            # nothing was lost.
+            return run_id
         if run_id and state != "finished" and not self._said_lost_start:
             self._said_lost_start = True
             logger.warning(

@@ -7,12 +7,16 @@ ISO code into the field named by ``currency_field``, default ``currency``), ``da
 cleaned is recorded as a problem for the validate pipeline, with the raw value, never silently
 replaced by nothing; whatever goes wrong inside a cleaner is such a problem too, so an item
 always ends as one row or one reject. Two exceptions: an optional date that cannot be read is
-left empty and counted (``clean/unparsed/<field>``), and a currency field's symbol or name
+left empty and counted (``clean/unparsed/<field>``) unless it reads as several dates (a reject
+naming them), and a currency field's symbol or name
 (``€``, ``руб.``, ``euro``) is mapped to its code.
 
 A one-element list (an ItemLoader without ``TakeFirst``, extruct's output) is cleaned as its
 element; more than one element in a scalar field is a problem. Fields declared with
-``join=True`` (a description read with ``getall()``) join their parts instead.
+``join=True`` (a description read with ``getall()``) join their cleaned parts with a space instead,
+``join="; "`` with that separator; fields declared ``type=list`` keep them apart, each part
+cleaned as a value of the field (a single value becomes a list of one; empty parts are dropped,
+and a list left empty is no value).
 
 Numbers and dates are read by a locale (CLDR: the decimal and grouping symbols, the numeric date
 order), or rejected with the reason. Which locale, first found wins: the page's request meta
@@ -36,7 +40,7 @@ from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
-from ..cleaning import canonical_url, clean_text, parse_date, read_price
+from ..cleaning import canonical_url, clean_text, read_date, read_price
 from ..cleaning.availability import normalise_availability
 from ..cleaning.currency import currency_of, territory_of
 from ..cleaning.language import PAGE_KEYS, date_languages, declared_language
@@ -81,14 +85,23 @@ def _safe_text(value: Any) -> Any:
     return value.replace("\x00", "") if isinstance(value, str) else value
 
 
+_PART_LIKE = (str, int, float, Decimal, bytes)
+
+
+def _separator(meta: dict[str, Any]) -> str | None:
+    join = meta.get("join")
+    return join if isinstance(join, str) else (" " if join else None)
+
+
 class _Plan:
     """What cleaning an item type takes, read once from its fields: each field's name, cleaner,
-    whether its parts are joined, and its declaration; its price fields and the currency field
-    each fills."""
+    what its parts are joined with (None: one value), whether they are kept as a list, and its
+    declaration; its price fields and the currency field each fills."""
 
     def __init__(self, item_type: type[StoredItem]) -> None:
         self.fields = tuple(
-            (name, meta.get("clean"), bool(meta.get("join")), meta) for name, meta in item_type.fields.items()
+            (name, meta.get("clean"), _separator(meta), meta.get("type") is list, meta)
+            for name, meta in item_type.fields.items()
         )
         self.prices = tuple(item_type.price_fields().items())
 
@@ -162,11 +175,14 @@ class CleanPipeline:
         values = item._values
         # A price's currency field is cleaned with its price, which may name the currency.
         with_price = {currency for name, currency in plan.prices if name in values}
-        for name, kind, join, meta in plan.fields:
+        for name, kind, join, many, meta in plan.fields:
             if name not in values or name in with_price:
                 continue
             try:
-                problem = self._clean_field(item, values, name, kind, join, meta, context)
+                if many:
+                    problem = self._clean_parts(values, name, kind)
+                else:
+                    problem = self._clean_field(item, values, name, kind, join, meta, context)
             except Exception as exc:  # a cleaner's bug must not lose the item: it is a reject
                 values[name] = None
                 problem = f"{name}: cannot be cleaned ({type(exc).__name__}: {exc}): {_show(item._raw.get(name))}"
@@ -181,14 +197,20 @@ class CleanPipeline:
         values: dict[str, Any],
         name: str,
         kind: str | None,
-        join: bool,
+        join: str | None,
         meta: dict[str, Any],
         context: dict[str, Any],
     ) -> str | None:
         # *values* is the item's own dict: every name comes from its fields, so writing there is
         # what ``item[name] = …`` does, without a method call per read and write.
         raw = values[name]
-        if not join and isinstance(raw, (list, tuple)):
+        if join is not None and isinstance(raw, (list, tuple)):
+            # clean_text joins a list with a space; with another separator each part is cleaned alone.
+            if join != " ":
+                parts = [part for part in map(clean_text, raw) if part]
+                values[name] = _safe_text(join.join(parts)) if parts else None
+                return None
+        elif isinstance(raw, (list, tuple)):
             present = [v for v in raw if _present(v)]
             if len(present) > 1:
                 values[name] = None
@@ -220,22 +242,57 @@ class CleanPipeline:
             raise ValueError(f"{type(item).__name__}.{name}: unknown cleaner {kind!r}")
         return None
 
+    def _clean_parts(self, values: dict[str, Any], name: str, kind: str | None) -> str | None:
+        """A ``type=list`` field: each part cleaned as the field's value, empty ones dropped."""
+        raw = values[name]
+        parts = raw if isinstance(raw, (list, tuple)) else [raw]
+        kept: list[Any] = []
+        problem = None
+        for number, part in enumerate(parts, 1):
+            if not _present(part):
+                continue
+            if kind is None:
+                kept.append(_safe_text(part))
+                continue
+            if isinstance(part, bool) or not isinstance(part, _PART_LIKE):
+                problem = problem or f"{name}: part {number} is not text but {type(part).__name__}: {_show(part)}"
+                continue
+            if kind == "url":
+                cleaned = canonical_url(part)
+                if cleaned is None:
+                    problem = problem or f"{name}: part {number} is not an http(s) URL: {_show(part)}"
+            elif kind == "availability":
+                cleaned = normalise_availability(_safe_text(clean_text(part)))
+            else:
+                cleaned = _safe_text(clean_text(part))
+            if cleaned is not None:
+                kept.append(cleaned)
+        values[name] = kept or None
+        return problem
+
     def _clean_date(
         self, item: StoredItem, name: str, meta: dict[str, Any], raw: Any, context: dict[str, Any]
     ) -> str | None:
-        value = parse_date(
+        reading = read_date(
             raw,
             date_order=context["date_order"] or self._option("date_order", self.date_order),
             locale=context["locale"],
             timezone=self._option("timezone", self.timezone),
             languages=list(context["languages"]) if context["languages"] else None,
         )
-        item[name] = value
+        value = item[name] = reading.value
+        if reading.problem:
+            # Several readings, optional or not: storing none would hide that the page says a
+            # date the crawl cannot tell, and storing one would be a guess.
+            return f"{name}: {reading.problem}"
         if value is None and _present(raw):
             if meta.get("required"):
                 return f"{name}: not a date: {_show(raw)}"
             # Optional: the item is still worth storing without it; the count shows how often.
             self.crawler.stats.inc_value(f"clean/unparsed/{name}")
+            # Per item type too: the quality checks judge the share of a type's items (see
+            # scraper.quality.monitor.UNREADABLE_STAT).
+            self.crawler.stats.inc_value(f"clean/unreadable/{type(item).__name__}.{name}")
         return None
 
     def _clean_price(

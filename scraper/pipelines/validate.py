@@ -79,12 +79,27 @@ def _check(item: StoredItem) -> list[str]:
         if expected is not None and not isinstance(value, expected):
             reasons.append(f"{name}: expected {expected.__name__}, got {type(value).__name__}")
             continue
+        if type(value) is list:  # a type=list field: its parts are what the text rules are for
+            reasons.extend(_check_parts(name, value, max_length, pattern))
+            continue
         if max_length is not None and isinstance(value, str) and len(value) > max_length:
             reasons.append(f"{name}: longer than {max_length} characters ({len(value)})")
         if pattern is not None and isinstance(value, str) and not pattern.fullmatch(value):
             reasons.append(f"{name}: {value[:50]!r} does not match {pattern.pattern}")
         if minimum is not None and value < minimum:
             reasons.append(f"{name}: {value} is below the minimum {minimum}")
+    return reasons
+
+
+def _check_parts(name: str, parts: list[Any], max_length: int | None, pattern: Any) -> list[str]:
+    reasons = []
+    for number, part in enumerate(parts, 1):
+        if not isinstance(part, str):
+            continue
+        if max_length is not None and len(part) > max_length:
+            reasons.append(f"{name}: part {number} longer than {max_length} characters ({len(part)})")
+        if pattern is not None and not pattern.fullmatch(part):
+            reasons.append(f"{name}: part {number} {part[:50]!r} does not match {pattern.pattern}")
     return reasons
 
 

@@ -14,7 +14,9 @@ fleet gets a shared rate in Redis, one hash field per domain (``politeness:adapt
 
 A site's first cut waits for every node that saw it throttle to report (``HOLD``): until then
 the nodes send it nothing, rather than booking turns at a rate one node guessed alone (turns
-booked at a low rate are kept, and would hold the fleet back long after the rate is known).
+booked at a low rate are kept, and would hold the fleet back long after the rate is known). A node
+that learns of the cut from the others (it saw no 429 itself: a slow start ends on one or two)
+reports what it was sending too, or the rate would start from a part of the fleet's.
 
 Lowering by a share and raising by a step settles just under the site's limit: between the
 decrease and the limit, ``(1 + decrease) / 2`` of it on average (85 % at 0.7), with a 429 or two
@@ -41,8 +43,9 @@ local function parse(value)
 end
 """
 
-# KEYS: adaptive. ARGV: domain, observed rate, decrease, floor, ceiling (0: none), hold (us), node.
-# -> the domain's rate after the cut, as text (Lua numbers come back as integers).
+# KEYS: adaptive. ARGV: domain, observed rate, decrease, floor, ceiling (0: none), hold (us), node,
+# join (1: only add to a first cut under way, never cut). -> the domain's rate after the cut, as
+# text (Lua numbers come back as integers).
 # A site's first cut starts from what the fleet was sending, which no node knows alone: each
 # node that reports within the first hold adds the rate it saw (the nodes that did are kept in
 # the field "<domain>\n" until the next cut).
@@ -63,6 +66,7 @@ if rate and now - cut < tonumber(ARGV[6]) then
   end
   return tostring(rate)
 end
+if ARGV[8] == '1' then return tostring(rate or 0) end
 if rate then
   redis.call('HDEL', KEYS[1], nodes_field)
 else
@@ -102,11 +106,30 @@ return {tostring(now), redis.call('HGETALL', KEYS[1])}
 )
 
 
-def cut(domain: str, observed: float, decrease: float, floor: float, ceiling: float, node: str) -> Command:
+def cut(
+    domain: str,
+    observed: float,
+    decrease: float,
+    floor: float,
+    ceiling: float,
+    node: str,
+    join: bool = False,
+    hold: float = HOLD,
+) -> Command:
+    """A throttle answer from *domain*; with *join*, only this node's part of a first cut under way."""
     return Command(
         _CUT,
         (ADAPTIVE_KEY,),
-        (domain, f"{observed:.4f}", f"{decrease:.4f}", f"{floor:.4f}", f"{ceiling:.4f}", int(HOLD * 1e6), node),
+        (
+            domain,
+            f"{observed:.4f}",
+            f"{decrease:.4f}",
+            f"{floor:.4f}",
+            f"{ceiling:.4f}",
+            int(hold * 1e6),
+            node,
+            "1" if join else "0",
+        ),
     )
 
 

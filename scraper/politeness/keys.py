@@ -28,3 +28,8 @@ def waiting_deadlines_key(domain: str) -> str:
 def paused_key(domain: str) -> str:
     """Until when the whole fleet holds off *domain* (microseconds, Redis clock): its Retry-After."""
     return f"politeness:{{{domain}}}:paused"
+
+
+def start_key(domain: str) -> str:
+    """When the fleet's slow start of *domain* began (microseconds, Redis clock)."""
+    return f"politeness:{{{domain}}}:start"

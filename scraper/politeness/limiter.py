@@ -25,7 +25,7 @@ from typing import Any
 from scrapy.utils.defer import maybe_deferred_to_future
 
 from ..backends.redis_batcher import RedisBatcher
-from . import adaptive
+from . import adaptive, slow_start
 from .keys import inflight_key, next_key, paused_key, waiting_deadlines_key, waiting_key
 from .scripts import _NOW_MS, _NOW_US, Command
 
@@ -154,6 +154,16 @@ class Limiter:
     async def reserve(self, domain: str, rate: float, max_wait: float) -> Reservation:
         return parse_reservation(await self._run(reserve(domain, rate, max_wait)))
 
+    async def reserve_ramp(
+        self, domain: str, first: float, growth: float, max_wait: float
+    ) -> tuple[Reservation, float]:
+        """A turn on the site's slow start (see :mod:`.slow_start`), which this call begins if the
+        fleet has none; and how long ago the ramp began, in seconds."""
+        reserved, wait, age = slow_start.parse_reply(
+            await self._run(slow_start.reserve(domain, first, growth, max_wait))
+        )
+        return Reservation(reserved, wait), age
+
     async def pause(self, domain: str, seconds: float) -> None:
         await self._run(pause(domain, seconds))
 
@@ -164,9 +174,9 @@ class Limiter:
         return int(await self._run(renew(domain, tokens, self.holder_ttl)))
 
     async def cut(
-        self, domain: str, observed: float, decrease: float, floor: float, ceiling: float, node: str
+        self, domain: str, observed: float, decrease: float, floor: float, ceiling: float, node: str, join: bool = False
     ) -> float:
-        reply = await self._run(adaptive.cut(domain, observed, decrease, floor, ceiling, node))
+        reply = await self._run(adaptive.cut(domain, observed, decrease, floor, ceiling, node, join))
         return float(reply.decode() if isinstance(reply, bytes) else reply)
 
     async def adapt(self, answers: list[tuple[str, int, float]], step: float) -> dict[str, tuple[float, float]]:

@@ -62,6 +62,9 @@ class DomainLimit:
     domain: str
     rate: float
     concurrency: int
+    # An override lifted the rate (``rate:0``): the operator says the site takes anything, so it
+    # gets no slow start either.
+    unlimited: bool = False
 
     @property
     def active(self) -> bool:
@@ -77,6 +80,10 @@ class Adaptive:
     increase: float = 1.0
     min_rate: float = 0.1
     throttled_max_wait: float = 600.0
+    # A site with no declared rate starts at slow_start_rate (0: at full speed), multiplied by
+    # slow_start_growth each second (see .slow_start).
+    slow_start_rate: float = 4.0
+    slow_start_growth: float = 2.0
     # A 403 whose body matches is a throttle answer too (a bot wall's challenge); None: never.
     block_pattern: re.Pattern[bytes] | None = None
 
@@ -106,7 +113,8 @@ class Policy:
         host = (host or "").lower().rstrip(".")
         domain = match_domain(host, self.overrides)
         limit = self.overrides[domain].over(self.default) if domain else self.default
-        return DomainLimit(domain or host, float(limit.rate or 0.0), int(limit.concurrency or 0))
+        unlimited = domain is not None and self.overrides[domain].rate == 0
+        return DomainLimit(domain or host, float(limit.rate or 0.0), int(limit.concurrency or 0), unlimited)
 
     def describe(self) -> str:
         text = f"default {self.default}"
@@ -185,12 +193,25 @@ def read_policy(settings: BaseSettings, spider: Any = None) -> Policy:
         raise ConfigError(
             f"POLITENESS_ADAPTIVE_DECREASE: must be below 1 (the share a throttled rate keeps), got {decrease:g}"
         )
+    growth = get_float(settings, "POLITENESS_SLOW_START_GROWTH", 2.0, minimum=1)
+    if growth <= 1 or not math.isfinite(growth):
+        raise ConfigError(
+            "POLITENESS_SLOW_START_GROWTH: must be a finite number above 1 (the factor the rate grows by each "
+            f"second), got {settings.get('POLITENESS_SLOW_START_GROWTH')!r}"
+        )
+    start = get_float(settings, "POLITENESS_SLOW_START_RATE", 4.0, minimum=0)
+    if not math.isfinite(start):
+        raise ConfigError(
+            f"POLITENESS_SLOW_START_RATE: expected a finite number, got {settings.get('POLITENESS_SLOW_START_RATE')!r}"
+        )
     adaptive = Adaptive(
         enabled=get_bool(settings, "POLITENESS_ADAPTIVE", True),
         decrease=decrease,
         increase=get_float(settings, "POLITENESS_ADAPTIVE_INCREASE", 1.0, minimum=0.001),
         min_rate=get_float(settings, "POLITENESS_ADAPTIVE_MIN_RATE", 0.1, minimum=0.001),
         throttled_max_wait=get_float(settings, "POLITENESS_THROTTLED_MAX_WAIT", 600.0, minimum=1),
+        slow_start_rate=start,
+        slow_start_growth=growth,
         block_pattern=compile_pattern(
             _unset_is(settings.get("POLITENESS_BLOCK_PATTERN"), DEFAULT_BLOCK_PATTERN), "POLITENESS_BLOCK_PATTERN"
         ),

@@ -24,6 +24,11 @@ the throttled request is tried again at that rate without spending Scrapy's retr
 to ``POLITENESS_THROTTLED_MAX_WAIT``, then it is a ``throttled`` dead letter), and requests to a
 rated site leave this process spaced by Scrapy's downloader slot delay (``SPACING``/rate).
 
+A site with no declared rate is started slowly (see :mod:`.slow_start`): its turns are booked on
+the fleet's ramp until the site throttles, when the adaptive rate takes over, or until the ramp
+ends and the site goes unpaced. A request that slept for a turn while the site's first throttle
+answer came in does not use it: its turn was booked at the pace the site just refused.
+
 A robots.txt ``Crawl-delay`` (read from the parser Scrapy's robots.txt middleware hands to the
 ``robots_parsed`` signal, so with ``ROBOTSTXT_OBEY`` on) is a ceiling like a declared rate: at
 most one request per delay from the whole fleet, whatever else is declared. Every node reads the
@@ -40,6 +45,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -52,8 +58,9 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from ..backends.redis_client import get_redis
 from ..runtime.secrets import redact
+from . import slow_start
 from .adaptive import HOLD
-from .limiter import Limiter
+from .limiter import Limiter, Reservation
 from .limits import DomainLimit, Policy, read_policy
 
 logger = logging.getLogger(__name__)
@@ -107,6 +114,12 @@ class PolitenessMiddleware:
         self._node = uuid.uuid4().hex[:12]
         self._first_holds: dict[str, float] = {}  # domain -> until when (monotonic) it waits its first cut
         self._robots: dict[str, float] = {}  # domain -> 1/Crawl-delay of its robots.txt
+        # Slow starts (see .slow_start): domain -> when the fleet's ramp began and when this node
+        # last asked Redis about it (time.monotonic()).
+        self._ramps: dict[str, tuple[float, float]] = {}
+        conf = policy.adaptive
+        self._ramp_seconds = slow_start.duration(conf.slow_start_rate, conf.slow_start_growth)
+        self._slow_start = conf.enabled and self._ramp_seconds > 0
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> PolitenessMiddleware:
@@ -131,8 +144,19 @@ class PolitenessMiddleware:
                 "Adaptive rates on: a site that answers 429 or 503 is slowed down for the whole fleet, "
                 "then sped up again slowly (POLITENESS_ADAPTIVE)"
             )
+            # Read at once: a node joining a fleet must know the rates of the sites that throttled
+            # it before its first requests, not send them at full speed for a second.
             self._adapting = LoopingCall(lambda: deferred_from_coro(self._adapt()))
-            self._adapting.start(1.0, now=False)
+            self._adapting.start(1.0, now=True)
+        if self._slow_start:
+            conf = self.policy.adaptive
+            logger.info(
+                "Slow start: a site with no declared rate is sent %g requests/s by the whole fleet at first, "
+                "x%g every second until it throttles or takes %g (POLITENESS_SLOW_START_RATE, _GROWTH)",
+                conf.slow_start_rate,
+                conf.slow_start_growth,
+                slow_start.TOP,
+            )
         self._renewal = LoopingCall(lambda: deferred_from_coro(self._renew()))
         self._renewal.start(HOLDER_TTL / 3, now=False)
 
@@ -189,15 +213,10 @@ class PolitenessMiddleware:
         limit = self.policy.for_host(url.hostname or "")
         if THROTTLED_SINCE in request.meta:
             self._give_up_if_late(request, limit.domain)
-        if self._first_holds:
-            until = self._first_holds.get(limit.domain)
-            if until is not None:
-                if until > time.monotonic():
-                    await _sleep(until - time.monotonic())
-                else:
-                    del self._first_holds[limit.domain]
+        await self._sit_out_first_hold(limit.domain)
         rate = self._rate(limit)
-        if not rate and not limit.concurrency:
+        ramp = not rate and self._ramping(limit)
+        if not rate and not ramp and not limit.concurrency:
             return None
         started = time.monotonic()
         waited = False
@@ -205,8 +224,18 @@ class PolitenessMiddleware:
             token, waited = await self._take_slot(limit)
             self._hold(request, token, limit.domain)
         try:
-            if rate:
+            while rate or ramp:
                 waited = await self._take_turn(limit, rate) or waited
+                if not self._first_held(limit.domain):
+                    break
+                # The site's first throttle answer came while this request slept for its turn:
+                # the turn was booked at the pace the site refused, and going out now it would
+                # only be refused too.
+                waited = True
+                self.stats.inc_value("politeness/turns_given_up")
+                await self._sit_out_first_hold(limit.domain)
+                rate = self._rate(limit)
+                ramp = not rate and self._ramping(limit)
         except BaseException:
             self._release(request)
             raise
@@ -256,6 +285,56 @@ class PolitenessMiddleware:
         self.stats.inc_value("politeness/retry_after")
         self._forget(self.limiter.pause(limit.domain, seconds), limit.domain)
 
+    # -- slow start (see .slow_start) ---------------------------------------------------------
+
+    def _ramping(self, limit: DomainLimit) -> bool:
+        """Whether requests to *limit*'s site (one with no rate of its own) take turns on the
+        fleet's slow start: while the ramp runs, or when this node must ask Redis where it stands."""
+        if not self._slow_start or limit.unlimited:
+            return False
+        ramp = self._ramps.get(limit.domain)
+        if ramp is None:
+            return True
+        began, asked = ramp
+        now = time.monotonic()
+        return now < began + self._ramp_seconds or now - asked >= slow_start.RECHECK
+
+    async def _reserve_ramp(self, domain: str) -> Reservation:
+        conf = self.policy.adaptive
+        reservation, age = await self.limiter.reserve_ramp(
+            domain, conf.slow_start_rate, conf.slow_start_growth, self.policy.max_wait
+        )
+        now = time.monotonic()
+        if domain not in self._ramps:
+            if len(self._ramps) >= 10_000:  # a broad crawl meets sites without end
+                self._ramps.clear()
+            if age < self._ramp_seconds:
+                self.stats.inc_value("politeness/slow_starts")
+                logger.debug("%s: slow start, %.1f s into the fleet's ramp", domain, age)
+        self._ramps[domain] = (now - age, now)
+        return reservation
+
+    def _ramp_rate(self, domain: str) -> float:
+        began, _ = self._ramps.get(domain, (time.monotonic(), 0.0))
+        conf = self.policy.adaptive
+        return slow_start.rate_at(conf.slow_start_rate, conf.slow_start_growth, time.monotonic() - began)
+
+    async def _sit_out_first_hold(self, domain: str) -> None:
+        """Wait while *domain* waits for its first cut (see :meth:`_hold_first`)."""
+        if not self._first_holds:
+            return
+        until = self._first_holds.get(domain)
+        if until is None:
+            return
+        if until > time.monotonic():
+            await _sleep(until - time.monotonic())
+        else:
+            del self._first_holds[domain]
+
+    def _first_held(self, domain: str) -> bool:
+        until = self._first_holds.get(domain) if self._first_holds else None
+        return until is not None and until > time.monotonic()
+
     # -- adaptive rate (see .adaptive) -------------------------------------------------------
 
     def _ceiling(self, limit: DomainLimit) -> float:
@@ -286,11 +365,15 @@ class PolitenessMiddleware:
         pace.append(time.monotonic())
 
     def _accepted(self, domain: str) -> float:
+        return float(max(1, self._answered(domain)))
+
+    def _answered(self, domain: str) -> int:
+        """Successful answers from *domain* to this process in the last second."""
         pace = self._pace.get(domain)
         if not pace:
-            return 1.0
+            return 0
         since = time.monotonic() - 1.0
-        return float(max(1, sum(1 for t in reversed(pace) if t >= since)))
+        return sum(1 for t in reversed(pace) if t >= since)
 
     def _slow_down(self, limit: DomainLimit) -> None:
         """Cut the site's rate for every node (see :mod:`.adaptive`)."""
@@ -366,12 +449,18 @@ class PolitenessMiddleware:
             f"throttled by {domain} for over {limit:g} s (POLITENESS_THROTTLED_MAX_WAIT): set aside as a dead letter"
         )
 
-    async def _cut(self, domain: str, observed: float, ceiling: float) -> None:
+    async def _cut(self, domain: str, observed: float, ceiling: float, join: bool = False) -> None:
         conf = self.policy.adaptive
-        rate = await self.limiter.cut(domain, observed, conf.decrease, conf.min_rate, ceiling, self._node)
-        if domain in self._rates:  # a later cut (a first one is read when its hold ends)
+        rate = await self.limiter.cut(domain, observed, conf.decrease, conf.min_rate, ceiling, self._node, join)
+        if domain in self._rates and not join:  # a later cut (a first one is read when its hold ends)
             self._rates[domain] = rate
             self._note_rate(domain, rate)
+
+    def _join_first_cut(self, domain: str) -> None:
+        answered = self._answered(domain)
+        if answered:
+            ceiling = self._ceiling(self.policy.for_host(domain))
+            self._forget(self._cut(domain, float(answered), ceiling, join=True), domain)
 
     async def _adapt(self) -> None:
         answers = [(d, n, self._ceilings.get(d, 0.0)) for d, n in self._answers.items()]
@@ -383,10 +472,14 @@ class PolitenessMiddleware:
             return
         rates = {}
         for domain, (rate, since_cut) in found.items():
-            if domain not in self._rates and since_cut < HOLD:
-                self._hold_first(domain, HOLD - since_cut)  # learnt from another node mid-way
+            if domain not in self._rates and since_cut < HOLD and not self._first_held(domain):
+                # Learnt from another node mid-way: this node saw no throttle answer itself, but
+                # what it was sending is part of what the site refused.
+                self._hold_first(domain, HOLD - since_cut)
+                self._join_first_cut(domain)
             rates[domain] = rate
-            self._note_rate(domain, rate)
+            if since_cut >= HOLD:  # a first cut adds the nodes' reports until then
+                self._note_rate(domain, rate)
         self._rates = rates
 
     def _note_rate(self, domain: str, rate: float) -> None:
@@ -419,6 +512,20 @@ class PolitenessMiddleware:
             if slot.delay != delay:
                 slot.delay, slot.jitter = delay, 0.0
 
+    async def take_turn(self, url: str) -> None:
+        """A turn under the rate of *url*'s site, without a concurrency slot: for what a page
+        being downloaded asks of its own site (a rendered page's scripts and data), while the page
+        itself holds the slot."""
+        limit = self.policy.for_host(urlsplit(url).hostname or "")
+        await self._sit_out_first_hold(limit.domain)
+        rate = self._rate(limit)
+        if rate or self._ramping(limit):
+            started = time.monotonic()
+            if await self._take_turn(limit, rate):
+                self.stats.inc_value("politeness/waited")
+                self._wait_total += time.monotonic() - started
+                self.stats.set_value("politeness/wait_seconds", round(self._wait_total, 3))
+
     def process_exception(self, request: Request, exception: Exception) -> None:
         self._release(request)
         return None
@@ -426,11 +533,15 @@ class PolitenessMiddleware:
     # -- rate --------------------------------------------------------------------------------
 
     async def _take_turn(self, limit: DomainLimit, rate: float) -> bool:
-        """Reserve the domain's next turn and sleep until it comes; True if that meant waiting."""
+        """Reserve the domain's next turn (at *rate*; 0: on its slow start) and sleep until it
+        comes; True if that meant waiting."""
         waited, errors = False, 0
         while True:
             try:
-                reservation = await self.limiter.reserve(limit.domain, rate, self.policy.max_wait)
+                if rate:
+                    reservation = await self.limiter.reserve(limit.domain, rate, self.policy.max_wait)
+                else:
+                    reservation = await self._reserve_ramp(limit.domain)
             except Exception as exc:
                 errors += 1
                 await _sleep(self._on_redis_error(exc, errors, limit.domain))
@@ -441,7 +552,7 @@ class PolitenessMiddleware:
                 return waited or reservation.wait > 0
             # Turns are booked up to POLITENESS_MAX_WAIT ahead: come back when there is room.
             waited = True
-            self._note_saturated(limit, rate, reservation.wait)
+            self._note_saturated(limit, rate or self._ramp_rate(limit.domain), reservation.wait)
             await _sleep(max(reservation.wait - self.policy.max_wait, self.policy.max_wait / 4))
 
     def _note_saturated(self, limit: DomainLimit, rate: float, wait: float) -> None:

@@ -8,6 +8,10 @@ from typing import Any
 
 from ..queue.keys import run_quality_key
 
+#: Sent (``broken``: name -> figures) when a node learns of a break, its own or the fleet's:
+#: ``Type.field`` (coverage or unreadable values), ``rejects/field``, ``values/Type.field``.
+quality_broke = object()
+
 
 def break_key(spider: str, run_id: int) -> str:
     return f"{run_quality_key(spider, run_id)}:break"

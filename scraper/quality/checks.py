@@ -45,7 +45,8 @@ Figures = dict[str, float]
 
 
 def stored(f: Figures) -> float:
-    return f.get("items/stored", 0.0)
+    """Items the run saw: stored, or (a revisit run) confirmed unchanged by a 304."""
+    return f.get("items/stored", 0.0) + f.get("revisit/confirmed_items", 0.0)
 
 
 def _ratio(x: float, y: float) -> float:
@@ -105,8 +106,27 @@ def _reject_share(f: Figures, field: str) -> float:
     return _ratio(f.get(f"rejects/{field}", 0.0), stored(f) + f.get("items/rejected", 0.0))
 
 
-def check_items(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
+def check_items(
+    current: Figures, baseline: list[Figures], conf: QualitySettings, expects_items: bool = True
+) -> Iterable[Check]:
+    if current.get("run/revisit"):
+        yield from _check_revisit_items(current, conf)
+        return
     if not baseline:
+        if expects_items and stored(current) <= 0:
+            # No baseline says how many, but a spider that stores items and stored none is broken.
+            yield Check(
+                "items_stored",
+                "",
+                ">= 1",
+                "0",
+                False,
+                f"the run stored no item ({current.get('pages', 0.0):.0f} page(s), "
+                f"{current.get('items/rejected', 0.0):.0f} rejected): content built by JavaScript, a start URL "
+                "that links nowhere, selectors that match nothing? A spider meant to store nothing says "
+                "expects_items = False",
+            )
+            return
         yield _skip("items_stored", "", NO_BASELINE)
         return
     base = median(stored(f) for f in baseline)
@@ -127,6 +147,26 @@ def check_items(current: Figures, baseline: list[Figures], conf: QualitySettings
         + (f"; held for {held}" if held else "")
     )
     yield Check("items_stored", "", f">= {wanted:.0f}", f"{observed:.0f}", observed >= wanted, note)
+
+
+def _check_revisit_items(current: Figures, conf: QualitySettings) -> Iterable[Check]:
+    """A revisit run meant to see again the items of the known pages it visited: it is judged
+    by those, not by a full run's count."""
+    expected = current.get("revisit/expected_items", 0.0)
+    if expected <= 0:
+        yield _skip("items_stored", "", "skipped: a revisit run that visited no known page with items")
+        return
+    wanted = expected * (1 - conf.items_drop)
+    observed = stored(current)
+    yield Check(
+        "items_stored",
+        "",
+        f">= {wanted:.0f}",
+        f"{observed:.0f}",
+        observed >= wanted - 1e-9,
+        f"revisit run: {expected:.0f} item(s) on the known pages it visited; "
+        f"{current.get('revisit/confirmed_items', 0.0):.0f} confirmed by 304",
+    )
 
 
 def check_rejects(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
@@ -150,18 +190,24 @@ def check_gone(current: Figures, baseline: list[Figures], conf: QualitySettings)
     if "gone" not in current:
         yield _skip("gone", "", "skipped: no data (no gone figure recorded for this run)")
         return
-    if not baseline or median(stored(f) for f in baseline) <= 0:
+    if current.get("run/revisit") and current.get("revisit/expected_items", 0.0) > 0:
+        # A revisit run marks gone only among the items it meant to see again.
+        of = current["revisit/expected_items"] + current["gone"]
+        what = f"the {of:.0f} item(s) the revisit run meant to see again"
+    elif not baseline or median(stored(f) for f in baseline) <= 0:
         yield _skip("gone", "", NO_BASELINE)
         return
-    base = median(stored(f) for f in baseline)
-    share = current["gone"] / base
+    else:
+        of = median(stored(f) for f in baseline)
+        what = f"the baseline's {of:.0f}"
+    share = current["gone"] / of
     yield Check(
         "gone",
         "",
         f"<= {conf.gone_spike:.1%}",
         f"{share:.1%}",
         share <= conf.gone_spike + 1e-9,
-        f"{current['gone']:.0f} rows gone of the baseline's {base:.0f}",
+        f"{current['gone']:.0f} rows gone of {what}",
     )
 
 
@@ -170,7 +216,12 @@ def _pages_per_item(f: Figures) -> float:
 
 
 def check_pages_per_item(current: Figures, baseline: list[Figures], conf: QualitySettings) -> Iterable[Check]:
-    usable = [f for f in baseline if stored(f) > 0]
+    if current.get("run/revisit"):
+        # Its pages are whatever was due that day (listings alone one day, products and 304s the
+        # next): no ratio of pages to items holds from one revisit run to another.
+        yield _skip("pages_per_item", "", "skipped: a revisit run (judged by the items it meant to see again)")
+        return
+    usable = [f for f in baseline if stored(f) > 0 and not f.get("run/revisit")]
     if not usable:
         yield _skip("pages_per_item", "", NO_BASELINE)
         return
@@ -180,6 +231,24 @@ def check_pages_per_item(current: Figures, baseline: list[Figures], conf: Qualit
     yield Check(
         "pages_per_item", "", f"<= {wanted:.2f}", f"{observed:.2f}", observed <= wanted + 1e-9, f"median {base:.2f}"
     )
+
+
+def check_unreadable(current: Figures, conf: QualitySettings) -> Iterable[Check]:
+    """Values on the page the cleaner could not read (an optional field's value stored empty):
+    per field, more than ``QUALITY_UNREADABLE`` of the type's stored items fails, baseline or not."""
+    counts = coverage.item_counts(current)
+    for key in sorted(k for k in current if k.startswith("unreadable/")):
+        subject = key[len("unreadable/") :]
+        items = counts.get(subject.split(".", 1)[0], 0.0)
+        share = min(1.0, current[key] / items) if items > 0 else 1.0
+        yield Check(
+            "unreadable",
+            subject,
+            f"<= {conf.unreadable:.0%}",
+            f"{share:.1%}",
+            share <= conf.unreadable + 1e-9,
+            f"{current[key]:.0f} value(s) on the page could not be read and were stored empty",
+        )
 
 
 def check_dead_letters(current: Figures, conf: QualitySettings) -> Iterable[Check]:
@@ -221,17 +290,22 @@ def check_responses(current: Figures, baseline: list[Figures], conf: QualitySett
 
 
 def run_checks(
-    current: Figures, baseline: list[Figures], expectations: dict[str, ItemExpectations], conf: QualitySettings
+    current: Figures,
+    baseline: list[Figures],
+    expectations: dict[str, ItemExpectations],
+    conf: QualitySettings,
+    expects_items: bool = True,
 ) -> list[Check]:
     """Every check of a finished run; *baseline* holds the figures of its last finished runs."""
     return [
-        *check_items(current, baseline, conf),
+        *check_items(current, baseline, conf, expects_items),
         *check_coverage(current, baseline, expectations, conf),
         *check_rejects(current, baseline, conf),
         *check_gone(current, baseline, conf),
         *check_pages_per_item(current, baseline, conf),
         *check_responses(current, baseline, conf),
         *check_dead_letters(current, conf),
+        *check_unreadable(current, conf),
     ]
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import deque
+from collections import Counter, deque
+from math import sqrt
 from statistics import median
 from typing import Any
 
@@ -39,12 +40,14 @@ from ..pipelines.unstored import set_aside
 from ..runs_hook import current_run_id
 from ..storage import held
 from ..storage.owner import writer_for
+from ..storage.upsert import Watch
 from ..storage.writer import DatabaseUnavailable, WriteFailed
-from .breaks import break_key, run_break  # noqa: F401  (run_break: read from here by others)
+from .breaks import break_key, quality_broke, run_break  # noqa: F401  (run_break: read from here by others)
 from .checks import _reject_fields, _reject_share
 from .coverage import filled
-from .monitor import QualityMonitor
-from .settings import EXIT_STATUS, read_settings
+from .coverage import item_counts as coverage_counts
+from .monitor import UNREADABLE_STAT, QualityMonitor
+from .settings import EXIT_STATUS, read_settings, value_shifts
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +55,44 @@ MODES = ("hold", "stop", "continue")
 # A rejects break's name ("rejects/price"); the stats of rejects per field.
 _REJECTS = "rejects/"
 _REASONS = "item_rejected_reasons/"
+# A values break's name ("values/ProductItem.price"); the writer's stats of value pairs.
+_VALUES = "values/"
+_PAIRS = "values/pairs/"
+_MOVED = "values/moved/"
 CLOSE_REASON = "quality_break"
 # How many items between two looks at the coverage: the look walks the fields, a count does not.
 _EVERY = 10
+
+
+def surely_above(share: float, count: int, limit: float) -> bool:
+    """Whether a share seen over *count* items is above *limit* beyond chance: the lower bound of
+    its 95 % Wilson interval is. One node of a fleet sees a part of a small run, where 2 broken
+    pages in 12 items are 17 % though the shop's share is 10 %; half the pages broken are not."""
+    if count <= 0 or share <= limit + 1e-9:
+        return False
+    z2 = 1.96**2
+    centre = share + z2 / (2 * count)
+    spread = 1.96 * sqrt(share * (1 - share) / count + z2 / (4 * count * count))
+    return (centre - spread) / (1 + z2 / count) > limit + 1e-9
+
+
+def watch_for(item_type: type[StoredItem], price_shift: float) -> Watch | None:
+    """What of *item_type*'s changes waits for the run's verdict: prices (and numeric fields
+    declaring ``shift``) moving more than their shift, and optional values going empty."""
+    moves = value_shifts(item_type, price_shift)
+    columns = item_type.columns()
+    blanks = {
+        name
+        for name, meta in item_type.fields.items()
+        if name in columns and name not in item_type.key and not meta.get("required")
+    }
+    companions = {
+        currency: price
+        for price, currency in item_type.price_fields().items()
+        if price in moves and currency in columns
+    }
+    # Every field starts on probation: its changes wait until the guard has judged a look's worth.
+    return Watch(moves, frozenset(blanks), companions, probation=set(moves))
 
 
 def check_mode(settings: Any) -> str:
@@ -68,7 +106,7 @@ def check_mode(settings: Any) -> str:
 class QualityGuardPipeline:
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
-        conf = read_settings(crawler.settings)
+        conf = self.conf = read_settings(crawler.settings)
         self.mode = check_mode(crawler.settings)
         self.enabled = conf.enabled
         self.fail_exit = conf.fail_exit
@@ -89,7 +127,10 @@ class QualityGuardPipeline:
         self._valid = 0
         self._reject_snapshots: deque[tuple[int, int, dict[str, int]]] = deque(maxlen=1000)
         self._reject_limits: dict[str, float] | None = None
+        self._value_snapshots: deque[dict[str, tuple[int, int]]] = deque(maxlen=1000)
+        self._valid_by_type: Counter[str] = Counter()
         self._loop: Any = None
+        self._watches: dict[str, Watch] = {}  # item type name -> the writer's watch of it
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> QualityGuardPipeline:
@@ -122,17 +163,32 @@ class QualityGuardPipeline:
             # is rejected sends none here.
             self._loop = task.LoopingCall(self._tick)
             self._loop.start(self.poll, now=False)
+            if self.mode != "continue" and self._monitor() is not None:
+                # A run that judges itself keeps its implausible changes waiting for the verdict.
+                shift = self.conf.price_shift
+
+                def watch(item_type: type[StoredItem]) -> Watch | None:
+                    found = self._watches.get(item_type.__name__)
+                    if found is None:
+                        found = self._watches[item_type.__name__] = watch_for(item_type, shift)
+                        self._doubt(item_type.__name__, found)
+                    return found
+
+                self._writer().set_watch(watch)
 
     def _tick(self) -> None:
         self._read_fleet()
         if not (self.mode == "continue" and self.held):
             self._look_rejects()
+            self._look_values()
+            self._look_unreadable()
 
     def process_item(self, item: Any) -> Any:
         if not self.enabled or self.mode == "continue" and self.held or not isinstance(item, StoredItem):
             return item
         self._valid += 1
         kind = type(item)
+        self._valid_by_type[kind.__name__] += 1
         expected = self._expectations(kind)
         if not expected:
             return item
@@ -179,6 +235,10 @@ class QualityGuardPipeline:
         # run it belongs to broke, and its operator reads this node's log too.
         if self.enabled:
             self._read_fleet()
+            if self.held and self.mode != "continue" and self.fail_exit:
+                # Every node of a broken run exits non-zero, not only the one that checks it.
+                self.crawler.stats.set_value("quality/outcome", "degraded")
+                self.crawler.stats.set_value("quality/exit_status", EXIT_STATUS)
 
     def _writer(self) -> Any:
         if self._rejects is None:
@@ -215,7 +275,7 @@ class QualityGuardPipeline:
                 fields = set().union(*(_reject_fields(f) for f in baseline))
                 limits = {f: median(_reject_share(b, f) for b in baseline) for f in fields}
             self._reject_limits = limits
-            self._rise = read_settings(self.crawler.settings).rejects_rise
+            self._rise = self.conf.rejects_rise
         return self._reject_limits
 
     def _look_rejects(self) -> None:
@@ -233,15 +293,84 @@ class QualityGuardPipeline:
                 start = snap
                 break
         count = total - start[0] - start[1]
-        if count < self.min_items or not self._limits():
+        # A baseline without a single reject still says what is normal: none. Without a
+        # baseline (a first run) there is no live row a reject could hide.
+        monitor = self._monitor()
+        if count < self.min_items or monitor is None or not monitor.baseline:
             return
+        self._limits()
         broken = {}
         for field, n in by_field.items():
             share = (n - start[2].get(field, 0)) / count
             limit = self._reject_limits.get(field, 0.0) + self._rise
             name = f"{_REJECTS}{field}"
-            if share > limit + 1e-9 and name not in self.held:
+            if surely_above(share, count, limit) and name not in self.held:
                 broken[name] = [round(share, 4), round(limit, 4)]
+        if broken:
+            self._break(broken, source="this node")
+
+    def _look_values(self) -> None:
+        """A field whose known values moved beyond their shift in more than ``QUALITY_PRICE_JUMPS``
+        of the pairs over the window breaks the run: a bundle price on half the pages, a misread
+        separator. Its waiting changes then stay held at the end (see :mod:`.settle`)."""
+        stats = self.crawler.stats.get_stats()
+        now = {
+            k[len(_PAIRS) :]: (int(v), int(stats.get(f"{_MOVED}{k[len(_PAIRS) :]}", 0) or 0))
+            for k, v in stats.items()
+            if k.startswith(_PAIRS)
+        }
+        if not now:
+            return
+        self._value_snapshots.append(now)
+        jumps = self.conf.price_jumps
+        broken = {}
+        for field, (pairs, moved) in now.items():
+            # The newest snapshot at least a window of pairs back, else the run's start.
+            start = (0, 0)
+            for snap in reversed(self._value_snapshots):
+                earlier = snap.get(field, (0, 0))
+                if pairs - earlier[0] >= self.window:
+                    start = earlier
+                    break
+            count = pairs - start[0]
+            name = f"{_VALUES}{field}"
+            if count < self.min_items or name in self.held:
+                continue
+            share = (moved - start[1]) / count
+            if surely_above(share, count, jumps):
+                broken[name] = [round(share, 4), jumps]
+            elif share <= jumps and pairs >= self.window:
+                self._trust(field)
+        if broken:
+            self._break(broken, source="this node")
+
+    def _look_unreadable(self) -> None:
+        """A field whose values the cleaner cannot read (stored empty) in a larger share of the
+        items than the baseline runs' breaks the run like missing coverage: its items that lack it
+        are held. A first run has no stored value to keep: the run-end check says it."""
+        monitor = self._monitor()
+        if monitor is None or not monitor.baseline:
+            return
+        stats = self.crawler.stats.get_stats()
+        conf = self.conf
+        broken = {}
+        for key, count in stats.items():
+            if not key.startswith(UNREADABLE_STAT):
+                continue
+            name = key[len(UNREADABLE_STAT) :]
+            type_name = name.split(".", 1)[0]
+            items = self._valid_by_type.get(type_name, 0)
+            if items < self.min_items or name in self.held:
+                continue
+            before = [
+                min(1.0, f.get(f"unreadable/{name}", 0.0) / n)
+                for _, f in monitor.baseline
+                if (n := coverage_counts(f).get(type_name, 0.0)) > 0
+            ]
+            limit = max(conf.unreadable, (median(before) if before else 0.0) + conf.coverage_tolerance)
+            share = min(1.0, int(count) / items)
+            if surely_above(share, items, limit):
+                broken[name] = [round(1 - share, 4), round(1 - limit, 4)]
         if broken:
             self._break(broken, source="this node")
 
@@ -257,11 +386,41 @@ class QualityGuardPipeline:
         if new:
             self._break(new, source="another node")
 
+    def _trust(self, name: str) -> None:
+        """A look's worth of *name*'s ("Type.field") pairs moved no more than a healthy run's:
+        its changes are written as they come from now on."""
+        type_name, _, field = name.partition(".")
+        watch = self._watches.get(type_name)
+        if watch is not None and field in watch.probation and field not in watch.broken:
+            watch.probation.discard(field)
+            self.crawler.stats.set_value(f"quality/trusted/{name}", self._valid)
+
+    def _doubt(self, type_name: str, watch: Watch | None) -> None:
+        """Every change of the fields broken in this run waits for the verdict (and stays held)."""
+        if watch is None:
+            return
+        for name in self.held:
+            if name.startswith(_REJECTS):
+                field = name[len(_REJECTS) :]
+            else:
+                broken_type, _, field = name.removeprefix(_VALUES).partition(".")
+                if broken_type != type_name:
+                    continue
+            if field in watch.moves or field in watch.blanks or field in watch.companions:
+                watch.broken.add(field)
+                price = watch.companions.get(field)
+                if price is not None:
+                    watch.broken.add(price)
+
     def _break(self, broken: dict[str, list[float]], source: str) -> None:
         self.held.update(broken)
+        for type_name, watch in self._watches.items():
+            self._doubt(type_name, watch)
+        # What acts on a break besides holding (a repair of the field) hears of it here.
+        self.crawler.signals.send_catch_log(quality_broke, broken=dict(broken))
         by_type: dict[str, list[str]] = {}
         for name in self.held:
-            if "." in name:  # a coverage break; a rejects break holds no item (they are rejects)
+            if "/" not in name:  # a coverage break; a rejects or values break holds no item
                 type_name, field = name.split(".", 1)
                 by_type.setdefault(type_name, []).append(field)
         self._held_fields = {name: tuple(fields) for name, fields in by_type.items()}
@@ -278,13 +437,17 @@ class QualityGuardPipeline:
                 pipe.execute()
             except Exception as exc:
                 logger.error("Could not tell the fleet that the run's quality broke: %s", exc)
-        coverage = [f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()) if not k.startswith(_REJECTS)]
+        coverage = [f"{k} {v[0]:.0%} < {v[1]:.0%}" for k, v in sorted(broken.items()) if "/" not in k]
         rejects = [
             f"{k[len(_REJECTS) :]} {v[0]:.0%} > {v[1]:.0%}" for k, v in sorted(broken.items()) if k.startswith(_REJECTS)
+        ]
+        values = [
+            f"{k[len(_VALUES) :]} {v[0]:.0%} > {v[1]:.0%}" for k, v in sorted(broken.items()) if k.startswith(_VALUES)
         ]
         shown = "; ".join(
             ([f"field coverage {', '.join(coverage)}"] if coverage else [])
             + ([f"items rejected for {', '.join(rejects)}"] if rejects else [])
+            + ([f"known values moved for {', '.join(values)}"] if values else [])
         )
         action = {
             "hold": "holding: items without these fields are held, nothing is marked gone",

@@ -31,7 +31,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from ..adapters import engine
-from ..config import get_float
+from ..config import get_bool, get_float
 from ..item_observers import on_item_scraped, on_response_received
 from ..items import StoredItem, stored_item_types
 from . import coverage as coverage_figures
@@ -41,9 +41,15 @@ from .breaks import run_break
 from .checks import Check, ItemExpectations, outcome, run_checks
 from .coverage import CoverageCounter
 from .pairs import price_checks
+from .repairs import repair_checks
 from .settings import EXIT_STATUS, QualitySettings, check_declared_coverage, declared_coverage, read_settings
+from .settle import settle_waiting
 
 logger = logging.getLogger(__name__)
+
+# Per item type and field, values present on the page that the cleaner could not read (they are
+# stored empty): counted by the clean pipeline.
+UNREADABLE_STAT = "clean/unreadable/"
 
 BLOCKED_STATUSES = (403, 429)
 
@@ -59,6 +65,7 @@ class QualityMonitor:
         #: The last checked run of the spider: (run id, outcome, failed checks), for the metrics.
         self.last: tuple[int, str, int] | None = None
         self._loop: Any = None
+        self.revisit = get_bool(crawler.settings, "REVISIT_DUE")
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> QualityMonitor:
@@ -107,8 +114,15 @@ class QualityMonitor:
         for key, value in stats.items():
             if key.startswith("item_rejected_reasons/"):
                 figures[f"rejects/{key.split('/', 1)[1]}"] = float(value)
+            elif key.startswith(UNREADABLE_STAT):  # values on the page the cleaner could not read
+                figures[f"unreadable/{key[len(UNREADABLE_STAT) :]}"] = float(value)
             elif key.startswith("quality/held_fields/"):  # items the live guard held (see .guard)
                 figures[f"held/{key.rsplit('/', 1)[1]}"] = float(value)
+        if self.revisit:
+            # A revisit run is judged by what it meant to visit, against earlier revisit runs.
+            figures["run/revisit"] = 1.0
+            figures["revisit/expected_items"] = get("revisit/expected_items")
+            figures["revisit/confirmed_items"] = get("revisit/confirmed_items")
         if "items/gone" in stats:  # rows the last node out marked gone (scraper.node.gone)
             figures["gone"] = get("items/gone")
         return figures
@@ -133,7 +147,7 @@ class QualityMonitor:
         try:
             conn = store.connect(dsn)
             try:
-                self.baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
+                self.baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs, self.revisit)
                 self.last = store.last_outcome(conn, spider.name, run_id)
             finally:
                 conn.close()
@@ -160,6 +174,7 @@ class QualityMonitor:
     def spider_closed(self, spider: Any, reason: str) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        self._say_unreadable()
         scheduler = self._scheduler()
         if scheduler is None:
             return
@@ -192,10 +207,18 @@ class QualityMonitor:
             gone = store.gone_column(conn, spider.name, run_id)
             if gone is not None:
                 current["gone"] = gone
-            baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs)
-            checks = run_checks(current, [f for _, f in baseline], expectations(spider, current, baseline), self.conf)
+            baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs, self.revisit)
+            checks = run_checks(
+                current,
+                [f for _, f in baseline],
+                expectations(spider, current, baseline),
+                self.conf,
+                expects_items=bool(getattr(spider, "expects_items", True)),
+            )
             checks += price_checks(conn, spider.name, run_id, stored_item_types(), current, self.conf)
             checks += guard_checks(run_break(scheduler.server, spider.name, run_id))
+            checks += settle_waiting(conn, spider.name, run_id, checks)
+            checks += repair_checks(conn, spider.name, run_id)
             result = outcome(checks)
             store.save(conn, spider.name, run_id, result, [r for r, _ in baseline], current, checks)
         finally:
@@ -209,6 +232,24 @@ class QualityMonitor:
             stats.set_value("quality/exit_status", EXIT_STATUS)
         text = report.render(spider.name, run_id, result, [r for r, _ in baseline], checks)
         (logger.warning if result == "degraded" else logger.info)("%s", text)
+
+    def _say_unreadable(self) -> None:
+        """One line per field whose values were on the page and could not be read: stored empty,
+        they would otherwise vanish quietly."""
+        stats = self.crawler.stats.get_stats()
+        items = coverage_figures.item_counts(self.coverage.figures())
+        for key, count in sorted(stats.items()):
+            if not key.startswith(UNREADABLE_STAT) or not count:
+                continue
+            name = key[len(UNREADABLE_STAT) :]
+            of = items.get(name.split(".", 1)[0], 0.0)
+            logger.warning(
+                "Unreadable: %s could not be read in %d item(s)%s: stored empty (no format of the page's "
+                "locale or date languages fits; see the rejects' reasons or set date_order / date_languages)",
+                name,
+                count,
+                f" of {of:.0f} stored" if of else "",
+            )
 
     # --- what the metrics show ---------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class QualitySettings:
     price_shift: float = 0.25  # a price that moved by more than this share run over run jumped
     price_jumps: float = 0.1  # more than this share of an item type's known prices jumped fails
     dead_letters: float = 0.05  # more than this share of a run's pages set aside as dead letters fails
+    unreadable: float = 0.05  # more than this share of a type's items with a value the cleaner could not read fails
     fail_exit: bool = True  # `scrapy crawl` exits with status 3 when its run is degraded
 
 
@@ -57,8 +58,21 @@ def read_settings(settings: BaseSettings) -> QualitySettings:
         price_shift=_fraction(settings, "QUALITY_PRICE_SHIFT", d.price_shift, top=None),
         price_jumps=_fraction(settings, "QUALITY_PRICE_JUMPS", d.price_jumps),
         dead_letters=_fraction(settings, "QUALITY_DEAD_LETTERS", d.dead_letters),
+        unreadable=_fraction(settings, "QUALITY_UNREADABLE", d.unreadable),
         fail_exit=get_bool(settings, "QUALITY_FAIL_EXIT", d.fail_exit),
     )
+
+
+def value_shifts(item_type: type, price_shift: float) -> dict[str, float]:
+    """Field -> the share its value may move by in one run: the price fields at
+    ``QUALITY_PRICE_SHIFT``, and the stored non-key fields declaring ``shift=`` at theirs. What the
+    writer keeps waiting, the pair checks judge and ``--report`` checks of held values."""
+    shifts = {name: price_shift for name in item_type.price_fields()}
+    columns = item_type.columns()
+    for name, meta in item_type.fields.items():
+        if meta.get("shift") is not None and name in columns and name not in item_type.key:
+            shifts[name] = float(meta["shift"])
+    return shifts
 
 
 def declared_coverage(spider: Any, item_type: type) -> dict[str, float]:

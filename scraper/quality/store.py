@@ -94,15 +94,26 @@ def save(
             )
 
 
-def baseline(conn: Any, spider: str, before: int, limit: int) -> list[tuple[int, dict[str, float]]]:
-    """The figures of the spider's last *limit* checked runs before run *before*, newest first."""
+def baseline(
+    conn: Any, spider: str, before: int, limit: int, revisit: bool = False
+) -> list[tuple[int, dict[str, float]]]:
+    """The figures of the spider's last *limit* checked runs before run *before*, newest first:
+    revisit runs (``scrapy crawl --due``) when *revisit*, else full runs. A revisit run visits a
+    part of the site, so a full run's counts are no measure for it, nor the other way round; the
+    first revisit runs take the full runs' shares (coverage, rejects), the checks of counts
+    compare like with like (see :mod:`.checks`)."""
     ensure_tables(conn)
     with conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT run_id, figures FROM run_quality WHERE spider = %s AND run_id < %s ORDER BY run_id DESC LIMIT %s",
-            (spider, before, limit),
-        )
-        return [(run_id, {k: float(v) for k, v in figures.items()}) for run_id, figures in cur.fetchall()]
+        for kind in (revisit, False) if revisit else (False,):
+            cur.execute(
+                "SELECT run_id, figures FROM run_quality WHERE spider = %s AND run_id < %s "
+                "AND (coalesce((figures->>'run/revisit')::float, 0) > 0) = %s ORDER BY run_id DESC LIMIT %s",
+                (spider, before, kind, limit),
+            )
+            found = [(run_id, {k: float(v) for k, v in figures.items()}) for run_id, figures in cur.fetchall()]
+            if found:
+                return found
+        return []
 
 
 def report(conn: Any, spider: str, run_id: int) -> tuple[dict[str, Any], list[Check]] | None:

@@ -69,6 +69,12 @@ def items_seen_key(spider_name: str) -> str:
     return f"{prefix(spider_name)}:items:seen"
 
 
+def item_pages_key(spider_name: str) -> str:
+    """An item's dedupe claim -> the URL of the page first recorded as its own (the sole item of a
+    page with no canonical link); kept across runs (:mod:`scraper.identity.content`)."""
+    return f"{prefix(spider_name)}:items:pages"
+
+
 #: The field of a run's expected-items hash that says a node ran it as a revisit run.
 REVISIT_DUE_FIELD = "__due__"
 

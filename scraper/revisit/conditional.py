@@ -44,7 +44,7 @@ class ConditionalRequestsMiddleware:
     def from_crawler(cls, crawler: Any) -> ConditionalRequestsMiddleware:
         return cls(crawler, recorder_of(crawler))
 
-    def process_request(self, request: Request) -> None:
+    async def process_request(self, request: Request) -> None:
         # A full crawl re-reads every page: after a spider's fix, a new field, a table emptied by
         # hand, a 304 would keep the old reading. Only a revisit run asks conditionally.
         if not self.recorder.due_run or not self.recorder.ready or request.method not in ("GET", "HEAD"):
@@ -52,7 +52,8 @@ class ConditionalRequestsMiddleware:
         if any(name in request.headers for name in _OWN):
             return  # the spider's own validators: its business
         key = self.fingerprinter.fingerprint(request)
-        state = self.recorder.state(key)
+        # At hand when this node queued it (a due page, a link); read by key when another did.
+        state = (await self.recorder.lookup([key])).get(key)
         if state is None or state.kind != ITEMS or not (state.etag or state.last_modified):
             return
         if state.etag:
@@ -69,7 +70,5 @@ class ConditionalRequestsMiddleware:
             await self.recorder.not_modified(key, request.url, hinted, request.meta.get(LASTMOD_META))
             raise NotModified(f"not modified since the last visit: {request.url}")
         if response.status in (404, 410) and self.recorder.ready:
-            key = key or self.fingerprinter.fingerprint(request)
-            if self.recorder.state(key) is not None:
-                await self.recorder.gone(key, request.url)
+            await self.recorder.gone(key or self.fingerprinter.fingerprint(request), request.url)
         return response

@@ -10,9 +10,13 @@ for their URLs.
 In a revisit run (``REVISIT_DUE``, ``scrapy crawl SPIDER --due``) it also:
 
 * queues, after the spider's own start requests, the known pages that are due by their own
-  history (a page the sitemap speaks for waits for the sitemap's word);
+  history (a page the sitemap speaks for waits for the sitemap's word), streamed from the
+  database as the shared queue drains (``REVISIT_SEED_AHEAD``), never all at once;
 * drops each link to a known page that is not due (``revisit/skipped``); links to pages never
   seen, listing pages (at ``REVISIT_LISTING_INTERVAL``) and ``dont_filter`` requests go on.
+
+The states of a page's links are read together (one query for those not at hand, see
+:mod:`.recorder`) before they are filtered; the page's items go on meanwhile.
 """
 
 from __future__ import annotations
@@ -20,24 +24,32 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import psycopg2
 from itemadapter import ItemAdapter
 from scrapy import Request
 from scrapy.http import TextResponse
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.sitemap import Sitemap
+from twisted.internet import task
 
+from ..adapters import engine
+from ..config import get_int
 from ..identity.canonical import canonical_link
 from ..items.base import StoredItem
+from .due_set import DueSet
 from .recorder import RevisitRecorder, Visit, recorder_of
-from .schedule import ITEMS, LISTING, due_without_sitemap, is_due, parse_lastmod
+from .schedule import ITEMS, LISTING, PageState, due_without_sitemap, is_due, parse_lastmod
 
 logger = logging.getLogger(__name__)
 
 LASTMOD_META = "revisit_lastmod"
 CHANGEFREQ_META = "revisit_changefreq"
 HINTED_META = "revisit_hinted"
+LINKS_AT_ONCE = 1000  # links of one page whose states are read by one query (a sitemap has 50,000)
+SEED_CHECK = 100  # due pages queued between two looks at the shared queue's depth, at most
 
 
 def _item_bytes(item: Any) -> bytes:
@@ -51,6 +63,7 @@ class RevisitMiddleware:
         self.recorder = recorder
         self.stats = crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
+        self.seed_ahead = get_int(crawler.settings, "REVISIT_SEED_AHEAD")
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> RevisitMiddleware:
@@ -63,23 +76,55 @@ class RevisitMiddleware:
         if not self.recorder.due_run:
             return
         await self.recorder.mark_due_run()
+        recorder = self.recorder
+        if not recorder.ready:
+            return
         spider = self.crawler.spider
-        recorder, queued, unknown = self.recorder, 0, 0
-        for state in list(recorder.states.values()):
-            if state.kind != ITEMS or not due_without_sitemap(state, recorder.now, recorder.schedule):
-                continue
-            callback = getattr(spider, state.callback, None) if state.callback else None
-            if state.callback and not callable(callback):
-                unknown += 1  # the spider no longer has that callback: found by links, or not at all
-                continue
-            queued += 1
-            yield Request(state.url, callback=callback)
+        queued, unknown = 0, 0
+        # How often the queue's depth is looked at: a Redis round trip every few due pages, and
+        # never more than a quarter of REVISIT_SEED_AHEAD queued past it.
+        step = max(1, min(SEED_CHECK, self.seed_ahead // 4))
+        due = DueSet(recorder.dsn, spider.name, recorder.now, recorder.schedule)
+        try:
+            async for key, state in due.stream():
+                if state.fetched_at >= recorder.now or not due_without_sitemap(state, recorder.now, recorder.schedule):
+                    continue  # visited by this run already, or left to the sitemap's word
+                callback = getattr(spider, state.callback, None) if state.callback else None
+                if state.callback and not callable(callback):
+                    unknown += 1  # the spider no longer has that callback: found by links, or not at all
+                    continue
+                recorder.remember(key, state)  # its visit soon asks for it
+                queued += 1
+                yield Request(state.url, callback=callback)
+                if queued % step == 0:
+                    await self._room_to_seed()
+        except psycopg2.Error as exc:
+            # Those not queued are found by links (if due) or wait for the next revisit run.
+            self.stats.set_value("revisit/due_unreadable", 1)
+            logger.error("Could not read the pages due (%s): %d queued, the rest left out of this run", exc, queued)
         self.stats.set_value("revisit/seeded", queued)
         logger.info(
             "Revisit run: %d known page(s) due by their own history queued%s",
             queued,
             f"; {unknown} left out (their callback is gone from the spider)" if unknown else "",
         )
+
+    async def _room_to_seed(self) -> None:
+        """Wait while the shared queue holds ``REVISIT_SEED_AHEAD`` requests: the due pages go to
+        it as it drains, not all at the start (a million due pages would be a million queue
+        entries in Redis, and as many states read ahead of their fetch)."""
+        from twisted.internet import reactor
+
+        scheduler = engine.scheduler(self.crawler)
+        if scheduler is None:
+            return
+        while True:
+            try:
+                if len(scheduler) < self.seed_ahead:
+                    return
+            except Exception:  # the queue cannot say (Redis away): its own retries cope
+                return
+            await maybe_deferred_to_future(task.deferLater(reactor, 0.2, lambda: None))
 
     # -- each page -------------------------------------------------------------------------------
     def _page_key(self, response: Any) -> tuple[bytes, str]:
@@ -120,7 +165,14 @@ class RevisitMiddleware:
                 hints[loc] = (parse_lastmod(entry.get("lastmod")), entry.get("changefreq"))
         return hints
 
-    def _goes_on(self, request: Request, hints: dict[str, tuple[float | None, str | None]]) -> bool:
+    def _goes_on(
+        self,
+        request: Request,
+        hints: dict[str, tuple[float | None, str | None]],
+        states: Mapping[bytes, PageState | None] | None = None,
+    ) -> bool:
+        """Whether a link goes to the queue; *states*: those read for the page's links (else
+        those at hand)."""
         lastmod = None
         if hints:
             found = hints.get(request.url)
@@ -131,13 +183,18 @@ class RevisitMiddleware:
         recorder = self.recorder
         if request.dont_filter or not (recorder.due_run or hints):
             return True
-        state = recorder.state(self.fingerprinter.fingerprint(request))
+        key = self.fingerprinter.fingerprint(request)
+        state = states.get(key) if states is not None else recorder.state(key)
         if state is None:
             return True
         if lastmod is not None and lastmod > state.fetched_at and state.kind == ITEMS:
             request.meta[HINTED_META] = True
         if not recorder.due_run:
             return True
+        if state.fetched_at >= recorder.now:
+            # Visited in this run already (a seeded page can be read before the sitemap that
+            # also links it): a duplicate, not a page skipped as not due.
+            return False
         if is_due(state, recorder.now, recorder.schedule, lastmod):
             return True
         self.stats.inc_value("revisit/skipped")
@@ -172,13 +229,34 @@ class RevisitMiddleware:
             async for obj in result:
                 yield obj
             return
-        if self.recorder.due_run:
+        recorder = self.recorder
+        if recorder.due_run:
             # The items the page had are the run's to mark gone if unseen (see .recorder).
-            await self.recorder.expect(self.recorder.state(page.visit.key), response.url)
+            await recorder.resolve(page.visit)
+            await recorder.expect(page.visit.old, response.url)
+        # Links wait for their states only where those decide: in a revisit run, or for a sitemap's hints.
+        hold = recorder.due_run or bool(page.hints)
+        held: list[Request] = []
         try:
             async for obj in result:
-                if page.passes(obj):
+                if hold and isinstance(obj, Request) and not obj.dont_filter:
+                    held.append(obj)
+                    if len(held) >= LINKS_AT_ONCE:
+                        for request in await page.links(held):
+                            yield request
+                        held = []
+                elif page.passes(obj):
                     yield obj
+            if held:
+                for request in await page.links(held):
+                    yield request
+        except Exception:
+            page.abandon()
+            # The links read before the callback failed go on, as they would have unheld.
+            if held:
+                for request in await page.links(held):
+                    yield request
+            raise
         except BaseException:
             page.abandon()
             raise
@@ -201,6 +279,13 @@ class _Page:
             self.digests.append(hashlib.sha1(_item_bytes(obj)).hexdigest())
             return True
         return not isinstance(obj, Request) or self.mw._goes_on(obj, self.hints)
+
+    async def links(self, requests: list[Request]) -> list[Request]:
+        """Those of *requests* that go on, their states read together (one query at most)."""
+        mw = self.mw
+        fingerprint = mw.fingerprinter.fingerprint
+        found = await mw.recorder.lookup([fingerprint(r) for r in requests])
+        return [r for r in requests if mw._goes_on(r, self.hints, found)]
 
     def abandon(self) -> None:
         self.mw.recorder.abandon(self.visit)  # the page is retried or buried: this visit did not happen

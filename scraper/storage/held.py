@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS held_changes (
     run_id      bigint NOT NULL,
     item_table  text NOT NULL,
     key         jsonb NOT NULL,
-    kind        text NOT NULL,   -- item | gone
+    kind        text NOT NULL,   -- item | gone | value
     item_type   text,
     url         text,
     reasons     text NOT NULL DEFAULT '',
@@ -45,11 +45,33 @@ CREATE TABLE IF NOT EXISTS held_changes (
     held_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (spider, run_id, item_table, key, kind)
 );
+-- kind value: the fields that wait for the run's judgement, {field: [stored, new]}
+ALTER TABLE held_changes ADD COLUMN IF NOT EXISTS changes jsonb;
 """
 
 
 def ensure(cur: Any) -> None:
     cur.execute(DDL)
+
+
+def awaiting_record(
+    spider: str, run_id: int, item_type: type[StoredItem], row: Row, waiting: dict[str, list[Any]], reasons: str
+) -> dict[str, Any]:
+    """A row's changes that wait for the run's judgement (see :class:`scraper.storage.upsert.Watch`),
+    as :func:`write` takes it: the whole row as it came, and the fields that wait."""
+    url = row.values.get("url")
+    return {
+        "held": "value",
+        "spider": spider,
+        "run_id": run_id,
+        "item_table": item_type.table,
+        "item_type": item_type.__name__,
+        "key": list(row.key),
+        "url": url if isinstance(url, str) else None,
+        "reasons": reasons,
+        "item": row.canonical or canonical_json(row.values),
+        "changes": json.dumps(waiting, default=str),
+    }
 
 
 def item_record(spider: str, run_id: int, item: StoredItem, reasons: list[str]) -> dict[str, Any]:
@@ -76,11 +98,22 @@ def write(cur: Any, records: list[dict[str, Any]]) -> None:
     }
     execute_values(
         cur,
-        "INSERT INTO held_changes (spider, run_id, item_table, key, kind, item_type, url, reasons, item) VALUES %s "
-        "ON CONFLICT (spider, run_id, item_table, key, kind) DO UPDATE SET item = EXCLUDED.item, "
-        "reasons = EXCLUDED.reasons, url = EXCLUDED.url, held_at = now()",
+        "INSERT INTO held_changes (spider, run_id, item_table, key, kind, item_type, url, reasons, item, changes) "
+        "VALUES %s ON CONFLICT (spider, run_id, item_table, key, kind) DO UPDATE SET item = EXCLUDED.item, "
+        "reasons = EXCLUDED.reasons, url = EXCLUDED.url, changes = EXCLUDED.changes, held_at = now()",
         [
-            (spider, run_id, table, key, kind, r["item_type"], r.get("url"), r["reasons"], r.get("item"))
+            (
+                spider,
+                run_id,
+                table,
+                key,
+                kind,
+                r["item_type"],
+                r.get("url"),
+                r["reasons"],
+                r.get("item"),
+                r.get("changes"),
+            )
             for (spider, run_id, table, key, kind), r in sorted(unique.items(), key=lambda kv: kv[0])
         ],
     )
@@ -173,19 +206,21 @@ def apply(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredI
             )
             found = cur.fetchall()
             # A held item's row was seen by the run, though it was not written: never gone.
-            seen = {json.dumps(key, default=str) for kind, key, _, _ in found if kind == "item"}
-            rows, gone = [], []
+            seen = {json.dumps(key, default=str) for kind, key, _, _ in found if kind != "gone"}
+            rows: dict[tuple[Any, ...], Row] = {}
+            gone = []
             for kind, key, item, superseded in found:
                 if superseded:
                     done.superseded += 1
-                elif kind == "item":
-                    rows.append(Row(key=tuple(item.get(k) for k in item_type.key), values=item))
+                elif kind in ("item", "value"):
+                    row_key = tuple(item.get(k) for k in item_type.key)
+                    rows[row_key] = Row(key=row_key, values=item)
                 elif json.dumps(key, default=str) not in seen:
                     gone.append(key)
             if rows:
                 columns = list(item_type.columns())
                 upserter = TableUpserter(item_type.table, columns, item_type.key, 0.0, spider=spider, track=True)
-                result = upserter.write(cur, rows)
+                result = upserter.write(cur, list(rows.values()))
                 if result.changes:
                     history.record(cur, item_type.table, result.changes, context)
                 done.upserted += len(result.inserted) + len(result.updated)
@@ -246,6 +281,118 @@ def _reblank(cur: Any, spider: str, run_id: int, item_type: type[StoredItem]) ->
         )
         total += cur.rowcount
     return total
+
+
+@dataclass
+class Settled:
+    applied: int = 0  # rows whose waiting changes were written
+    kept: dict[str, int] | None = None  # "Type.field" -> values left held (their check failed)
+
+
+def settle(conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]], failed: set[str]) -> Settled:
+    """Judge the changes run *run_id* kept waiting (kind ``value``): those of fields whose checks
+    passed are written as the crawl would have (history reason ``crawl``); those of fields in
+    *failed* ("Type.field") stay held for ``--apply`` or ``--discard``. One transaction."""
+    done = Settled(kept={})
+    context = history.Context(spider, run_id, "crawl")
+    with conn, conn.cursor() as cur:
+        ensure(cur)
+        for item_type in item_types:
+            name = item_type.__name__
+            cur.execute(
+                "SELECT key, item, changes FROM held_changes WHERE spider = %s AND run_id = %s AND item_table = %s "
+                "AND kind = 'value' FOR UPDATE",
+                (spider, run_id, item_type.table),
+            )
+            rows: list[Row] = []
+            still: list[tuple[str, str]] = []
+            done_keys: list[str] = []
+            for key, item, changes in cur.fetchall():
+                changes = changes or {}
+                bad = {f: pair for f, pair in changes.items() if f"{name}.{f}" in failed}
+                for f in bad:
+                    done.kept[f"{name}.{f}"] = done.kept.get(f"{name}.{f}", 0) + 1
+                if len(bad) < len(changes):
+                    values = {**item, **{f: pair[0] for f, pair in bad.items()}}
+                    rows.append(Row(key=tuple(values.get(k) for k in item_type.key), values=values))
+                key_text = json.dumps(key, default=str)
+                if bad:
+                    still.append((key_text, json.dumps(bad, default=str)))
+                else:
+                    done_keys.append(key_text)
+            if rows:
+                upserter = TableUpserter(
+                    item_type.table, list(item_type.columns()), item_type.key, 0.0, spider=spider, track=True
+                )
+                result = upserter.write(cur, rows)
+                if result.changes:
+                    history.record(cur, item_type.table, result.changes, context)
+                done.applied += len(result.updated)
+            if done_keys:
+                cur.execute(
+                    "DELETE FROM held_changes WHERE spider = %s AND run_id = %s AND item_table = %s AND kind = 'value' "
+                    "AND key = ANY(%s::jsonb[])",
+                    (spider, run_id, item_type.table, done_keys),
+                )
+            for key_text, bad_text in still:
+                cur.execute(
+                    "UPDATE held_changes SET changes = %s::jsonb WHERE spider = %s AND run_id = %s "
+                    "AND item_table = %s AND kind = 'value' AND key = %s::jsonb",
+                    (bad_text, spider, run_id, item_type.table, key_text),
+                )
+    return done
+
+
+def awaiting(conn: Any, spider: str, run_id: int) -> dict[str, dict[str, int]]:
+    """ "Type.field" -> {"moved": n, "blanked": n}: the changes of run *run_id* that wait."""
+    with conn, conn.cursor() as cur:
+        ensure(cur)
+        cur.execute(
+            "SELECT h.item_type || '.' || c.key, count(*) FILTER (WHERE c.value->1 <> 'null'::jsonb), "
+            "count(*) FILTER (WHERE c.value->1 = 'null'::jsonb) "
+            "FROM held_changes h, jsonb_each(h.changes) c WHERE h.spider = %s AND h.run_id = %s AND h.kind = 'value' "
+            "GROUP BY 1",
+            (spider, run_id),
+        )
+        return {name: {"moved": moved, "blanked": blanked} for name, moved, blanked in cur.fetchall()}
+
+
+def value_moves(
+    conn: Any, spider: str, run_id: int, item_types: Iterable[type[StoredItem]], shifts: dict[str, float]
+) -> dict[str, tuple[int, int]]:
+    """ "Type.field" -> (held values paired with a stored one, how many of them moved by more than
+    the field's shift): what applying run *run_id*'s held changes would write, as the run's pair
+    checks judge it. *shifts*: field -> share (prices, numeric fields declaring ``shift``)."""
+    out: dict[str, tuple[int, int]] = {}
+    with conn, conn.cursor() as cur:
+        ensure(cur)
+        for item_type in item_types:
+            columns = item_type.columns()
+            for field, shift in shifts.items():
+                if field not in columns:
+                    continue
+                cur.execute(
+                    sql.SQL(
+                        """
+                    SELECT count(*), count(*) FILTER (
+                        WHERE abs((h.item->>%(f)s)::numeric - t.{f}::numeric)
+                            > %(shift)s * greatest(abs(t.{f}::numeric), 0.01))
+                    FROM held_changes h JOIN {table} t ON {match}
+                    WHERE h.spider = %(spider)s AND h.run_id = %(run)s AND h.item_table = %(name)s
+                        AND h.kind IN ('item', 'value') AND t.{f} IS NOT NULL
+                        AND h.item->>%(f)s ~ '^-?[0-9]+([.][0-9]+)?$'
+                    """
+                    ).format(
+                        f=sql.Identifier(field),
+                        table=sql.Identifier(item_type.table),
+                        match=history.key_match(item_type, "t", "h.key"),
+                    ),
+                    {"f": field, "shift": shift, "spider": spider, "run": run_id, "name": item_type.table},
+                )
+                pairs, moved = cur.fetchone()
+                if pairs:
+                    out[f"{item_type.__name__}.{field}"] = (pairs, moved)
+    return out
 
 
 def discard(conn: Any, spider: str, run_id: int) -> int:

@@ -89,10 +89,14 @@ def history_context_for(crawler: Any) -> Callable[[], history.Context]:
     ``scrapy reprocess`` replay, which sets ``ARCHIVE_REPLAY``)."""
     from ..runs_hook import current_run_id
 
-    reason = "reprocess" if crawler.settings.getbool("ARCHIVE_REPLAY") else "crawl"
+    replay = crawler.settings.getbool("ARCHIVE_REPLAY")
 
     def context() -> history.Context:
         spider = getattr(crawler, "spider", None)
+        reason = "crawl"
+        if replay:
+            # A replay reading fields through a repair (scraper/repair/live.py) is that repair's work.
+            reason = "repair" if crawler.stats.get_value("repair/applied_any") else "reprocess"
         return history.Context(getattr(spider, "name", None), current_run_id(crawler), reason)
 
     return context

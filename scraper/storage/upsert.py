@@ -55,6 +55,39 @@ class BatchResult:
     failed: dict[tuple[Any, ...], str] = field(default_factory=dict)
     # Inserts and changes, for the history (only when the upserter tracks them)
     changes: list[Change] = field(default_factory=list)
+    # Changes kept out of the row until the run is judged (see Watch): key -> (the row as it
+    # came, {field: [stored, new]})
+    awaiting: dict[tuple[Any, ...], tuple[Row, dict[str, list[Any]]]] = field(default_factory=dict)
+    # Rows stored before and how many of them moved beyond the shift (field -> [rows, moved]),
+    # for the live guard
+    pairs: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Changes of a stored row that wait for the run's judgement instead of being written.
+
+    A value that moves by more than *shift* (prices, and numeric fields that declare a
+    ``shift``) or an optional value that goes from something to nothing is what a broken layout
+    writes first: a bundle price on half the pages, a class renamed. Such a change is kept
+    aside with the run (``held_changes``, kind ``value``) and the row keeps its value; the last
+    node out applies it once the run's checks of that field pass (:mod:`scraper.quality.settle`),
+    or leaves it held when they fail. Only crawls with a run and a quality guard that holds
+    watch: nobody else would judge."""
+
+    moves: dict[str, float]  # field -> the share it may move by before it waits
+    blanks: frozenset[str]  # optional fields whose blanking waits
+    # A price's currency field -> the price: it waits whenever its price's changes wait.
+    companions: dict[str, str] = field(default_factory=dict)
+    # Fields of *moves* whose every change waits until the run's guard has judged enough of
+    # them (a redesign at a run's start writes its first small moves before any break could
+    # be seen): the guard takes a field out once its pairs passed a full look.
+    probation: set[str] = field(default_factory=set)
+    # Fields the guard found broken in this run: every change of them waits (and stays held).
+    broken: set[str] = field(default_factory=set)
+
+    def doubts(self, name: str) -> bool:
+        return name in self.broken or name in self.probation
 
 
 def _jsonable(value: Any) -> Any:
@@ -72,6 +105,31 @@ def _jsonable(value: Any) -> Any:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 _AS_IS = frozenset({str, int, float, bool, type(None)})
 _SORTED: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number - number == 0.0 else None
+
+
+def _same(stored: Any, value: Any) -> bool:
+    """Whether *value* is what Postgres' jsonb of the row gives as *stored* (numbers come back
+    as floats, dates as ISO text)."""
+    if stored == value:
+        return True
+    a, b = _number(stored), _number(value)
+    if a is not None and b is not None:
+        return a == b
+    return stored is not None and value is not None and str(stored) == str(_jsonable(value))
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {}
 
 
 def canonical_json(values: dict[str, Any]) -> str:
@@ -260,6 +318,7 @@ class TableUpserter:
         )
         # The spider's name travels in each row's JSON (a column like the others).
         self._extra = "" if spider is None else f'"spider": {json.dumps(spider, ensure_ascii=False)}, '
+        self.watch: Watch | None = None
 
     def rows_json(self, rows: list[Row]) -> str:
         """The batch as the JSON array the statements take ({rows})."""
@@ -346,12 +405,14 @@ class TableUpserter:
         rows = sorted(rows, key=lambda r: tuple("" if v is None else str(v) for v in r.key))
         if self._prepared_on is not cur.connection:
             self._prepare(cur)
-        payload = self.rows_json(rows)
         width = len(self.key)
         old: dict[tuple[Any, ...], dict[str, Any]] = {}
         if self.track:
             self._run(cur, "lock_old", (self.keys_json(rows),))
             old = {tuple(r[:width]): r[width] for r in cur.fetchall()}
+            if old and self.watch is not None and context is not None and context.reason == "crawl" and context.run_id:
+                rows = self._hold_back(rows, old, result)
+        payload = self.rows_json(rows)
         in_sql = self.sql_history and context is not None
         if in_sql:
             self._run(cur, "merge_history", (payload, context.reason, context.spider, context.run_id))
@@ -366,7 +427,51 @@ class TableUpserter:
                 result.updated.add(key)
             if self.track and not (in_sql and inserted):
                 self._note_change(result, key, inserted, old.get(key), record[width + 2])
+        if self.watch is not None and self.watch.moves:
+            # Every row of the batch that was stored before is a pair, changed or not (the lock
+            # reads only the changed ones): the share moved is over all of them.
+            known = len(rows) - len(result.inserted)
+            for name in self.watch.moves:
+                result.pairs.setdefault(name, [0, 0])[0] += known
         return result
+
+    def _hold_back(self, rows: list[Row], old: dict[tuple[Any, ...], dict[str, Any]], result: BatchResult) -> list[Row]:
+        """*rows* with the changes the watch keeps waiting replaced by the stored values; the
+        rows as they came go to ``result.awaiting``."""
+        watch = self.watch
+        assert watch is not None
+        out = []
+        for row in rows:
+            stored = old.get(row.key)
+            if stored is None or stored.get("gone_at") is not None:
+                out.append(row)
+                continue
+            waiting: dict[str, list[Any]] = {}
+            values = row.values
+            for name, shift in watch.moves.items():
+                before, now = _number(stored.get(name)), _number(values.get(name))
+                if before is not None and now is not None and abs(now - before) > shift * max(abs(before), 0.01):
+                    result.pairs.setdefault(name, [0, 0])[1] += 1
+                    waiting[name] = [stored.get(name), values.get(name)]
+            for name in watch.blanks:
+                if _blank(values.get(name)) and not _blank(stored.get(name)):
+                    waiting[name] = [stored.get(name), None]
+            if watch.broken or watch.probation:
+                for name in (*watch.broken, *watch.probation, *watch.companions):
+                    doubted = watch.doubts(name) or (name in watch.companions and watch.doubts(watch.companions[name]))
+                    if doubted and name not in waiting and not _same(stored.get(name), values.get(name)):
+                        waiting[name] = [stored.get(name), values.get(name)]
+            if not waiting:
+                out.append(row)
+                continue
+            result.awaiting[row.key] = (row, waiting)
+            kept = {**values, **{name: pair[0] for name, pair in waiting.items()}}
+            # Nothing else changed: the row keeps its content hash, so the merge leaves it as it is.
+            others = any(
+                not _same(stored.get(c), kept.get(c)) for c in self.columns if c not in waiting and c not in self.key
+            )
+            out.append(Row(row.key, kept) if others else Row(row.key, kept, content_hash=stored["content_hash"]))
+        return out
 
     def _note_change(
         self, result: BatchResult, key: tuple[Any, ...], inserted: bool, old: dict[str, Any] | None, new: dict[str, Any]

@@ -41,7 +41,7 @@ from ..items.base import StoredItem
 from ..runtime.secrets import redact
 from ..runtime.worker_threads import defer_to_thread
 from . import held, history, schema
-from .upsert import BatchResult, Row, TableUpserter
+from .upsert import BatchResult, Row, TableUpserter, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,9 @@ class PostgresWriter:
         self._flushing: defer.Deferred | None = None
         self._loop = task.LoopingCall(self._tick)
         self._closed = False
+        # Item type -> the changes that wait for the run's judgement (see upsert.Watch); set by
+        # the quality guard, which judges them.
+        self._watch: Callable[[type[StoredItem]], Watch | None] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self, item_types: list[type[StoredItem]]) -> None:
@@ -211,6 +214,14 @@ class PostgresWriter:
             sql_history=all(_json_stable(columns[k]) for k in item_type.key),
             json_columns={c: _base_type(t) for c, t in columns.items() if _base_type(t) in ("json", "jsonb")},
         )
+        if self._watch is not None:
+            self._upserters[item_type.table].watch = self._watch(item_type)
+
+    def set_watch(self, watch: Callable[[type[StoredItem]], Watch | None]) -> None:
+        """Keep the changes *watch* names for an item type waiting for the run's judgement."""
+        self._watch = watch
+        for table, upserter in self._upserters.items():
+            upserter.watch = watch(self._types[table])
 
     # --- flushing -----------------------------------------------------------------------------
     def _flush(self) -> defer.Deferred:
@@ -238,13 +249,23 @@ class PostgresWriter:
                         p.deferred.errback(WriteFailed(result.failed[p.row.key]))
                     elif p.row.key in result.inserted:
                         p.deferred.callback("inserted")
-                    elif p.row.key in result.updated:
+                    elif p.row.key in result.updated or p.row.key in result.awaiting:
+                        # A change waiting for the run's verdict is an update of the page, written
+                        # once the run is judged (or held with it).
                         p.deferred.callback("updated")
                     else:
                         p.deferred.callback("unchanged")
             for _, rd in rejects:
                 rd.callback("rejected")
             if self.stats is not None:
+                for table, result in results.items():
+                    name = self._types[table].__name__
+                    for _, waiting in result.awaiting.values():
+                        for f in waiting:
+                            self.stats.inc_value(f"values/waiting/{name}.{f}")
+                    for f, (pairs, moved) in result.pairs.items():
+                        self.stats.inc_value(f"values/pairs/{name}.{f}", pairs)
+                        self.stats.inc_value(f"values/moved/{name}.{f}", moved)
                 self.stats.inc_value("postgres/batches")
                 self.stats.inc_value("postgres/rows_written", rows + len(rejects))
                 self.stats.inc_value("postgres/flush_seconds_total", time.monotonic() - started)
@@ -399,9 +420,27 @@ class PostgresWriter:
                     if context is not None and results[table].changes:
                         # Same transaction as the rows: a change is committed with its history or not at all.
                         history.record(cur, table, results[table].changes, context)
+                    if context is not None and results[table].awaiting:
+                        held.write(cur, self._awaiting(table, results[table], context))
                 if rejects:
                     _write_rejects(cur, rejects)
         return results
+
+    def _awaiting(self, table: str, result: BatchResult, context: history.Context) -> list[dict[str, Any]]:
+        item_type = self._types[table]
+        out = []
+        for row, waiting in result.awaiting.values():
+            reasons = "; ".join(
+                f"{f}: {_shown(old)} -> empty, waits for the run's {item_type.__name__}.{f} coverage check"
+                if new is None
+                else f"{f}: {_shown(old)} -> {_shown(new)}, waits for the run's {item_type.__name__}.{f} checks "
+                "(a move beyond the field's shift, a field on probation at the run's start, or broken in it)"
+                for f, (old, new) in sorted(waiting.items())
+            )
+            out.append(
+                held.awaiting_record(context.spider or "", context.run_id or 0, item_type, row, waiting, reasons)
+            )
+        return out
 
     def _write_row_by_row(
         self, cur: Any, upserter: TableUpserter, rows: list[Row], context: history.Context | None = None
@@ -417,6 +456,11 @@ class PostgresWriter:
                 result.inserted |= one.inserted
                 result.updated |= one.updated
                 result.changes += one.changes
+                result.awaiting.update(one.awaiting)
+                for f, (pairs, moved) in one.pairs.items():
+                    counted = result.pairs.setdefault(f, [0, 0])
+                    counted[0] += pairs
+                    counted[1] += moved
             except _ROW_REFUSED as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT one_row")
                 result.failed[row.key] = "database refused the row: " + " ".join(str(exc).split())
@@ -441,6 +485,11 @@ class PostgresWriter:
 # Key column types whose values Postgres' jsonb and Python's json write alike (a history
 # entry's key is compared as JSON, whichever of the two wrote it).
 _JSON_STABLE = ("text", "varchar", "character varying", "integer", "bigint", "smallint", "int", "int4", "int8")
+
+
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _base_type(sql_type: str) -> str:

@@ -72,6 +72,10 @@ def crawl_env(services: Services, **extra: str) -> dict[str, str]:
         # tested where it is the subject (test_quality), with this key removed.
         QUALITY_FAIL_EXIT="0",
         SCHEDULER_SECRET=TEST_SCHEDULER_SECRET,
+        # A site nobody declared starts slowly (a ramp of a few seconds, see politeness'
+        # slow start): the test sites are not about that, and hundreds of crawls would each pay
+        # it. The politeness tests keep the default.
+        POLITENESS_SLOW_START_RATE="0",
     )
     env.update(extra)
     return env
