@@ -106,9 +106,16 @@ class Browser:
             args = [*ARGS, f"--proxy-server=http://127.0.0.1:{self._sink.port}", "--proxy-bypass-list=<-loopback>"]
             if os.geteuid() == 0:
                 args.append("--no-sandbox")  # Chromium's sandbox refuses to run as root
-            self._browser = await self._playwright.chromium.launch(
-                executable_path=self.conf.browser, args=args, headless=True, timeout=LAUNCH_TIMEOUT * 1000
-            )
+            try:
+                self._browser = await self._playwright.chromium.launch(
+                    executable_path=self.conf.browser, args=args, headless=True, timeout=LAUNCH_TIMEOUT * 1000
+                )
+            except Exception as exc:
+                # A browser killed while it starts (or one that cannot start now: no memory) is a
+                # crash like any other: the page is rendered again, up to RENDER_CRASH_RETRIES.
+                self.stats.inc_value("render/launch_failures")
+                logger.warning("The browser did not start: %s", str(exc).splitlines()[0][:200])
+                raise BrowserCrashed() from exc
             self.generation += 1
             self.stats.inc_value("render/browser_starts")
             if self.generation > 1:
