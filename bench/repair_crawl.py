@@ -153,6 +153,9 @@ def _crawl(env: dict[str, str], healthy: bool = False) -> int:
         text=True,
         timeout=900,
     )
+    if os.environ.get("REPAIR_BENCH_LOGS"):
+        _crawl.n = getattr(_crawl, "n", 0) + 1
+        Path(os.environ["REPAIR_BENCH_LOGS"], f"crawl-{_crawl.n}.log").write_text(done.stderr)
     if "Traceback" in done.stderr or (healthy and done.returncode != 0):
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit("repair bench: a crawl raised")

@@ -28,14 +28,21 @@ _FIELD_CHECKS = ("coverage", "price_pairs", "value_pairs", "guard")
 
 def failed_fields(checks: list[Check]) -> set[str]:
     out = set()
+    types = stored_item_types()
     for c in checks:
         if c.passed is False and c.check in _FIELD_CHECKS and c.subject:
-            # A values break is recorded as "values/Type.field"; a rejects break names no stored field.
+            # A values break is recorded as "values/Type.field"; a rejects break names a field of
+            # any type ("rejects/price"): what the run read of it elsewhere (a repair's reading
+            # with a defaulted currency, say) is as much in doubt, in every type that has it.
+            if c.subject.startswith("rejects/"):
+                name = c.subject.removeprefix("rejects/")
+                out.update(f"{t.__name__}.{name}" for t in types if name in t.fields)
+                continue
             subject = c.subject.removeprefix("values/")
             if "/" not in subject and "." in subject:
                 out.add(subject)
     # A price read wrong brings its currency with it: the two stay held together.
-    for item_type in stored_item_types():
+    for item_type in types:
         for price, currency in item_type.price_fields().items():
             if f"{item_type.__name__}.{price}" in out:
                 out.add(f"{item_type.__name__}.{currency}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from .evidence import Reader
 from .page import Page
-from .rules import JSONLD, OWN, TEXT, Rule, jsonld_type, own_text
+from .rules import JSONLD, OWN, TEXT, Rule, jsonld_type, leaf_text, own_text
 
 __all__ = ["candidates"]
 
@@ -146,8 +146,13 @@ def _jsonld(value: Any, kind: str, keys: list[str], known: Any, read: Reader, fo
             _jsonld(element, kind, keys, known, read, found)
     elif isinstance(value, dict):
         for key, inner in value.items():
-            if not key.startswith("@"):
+            if key.startswith("@"):
+                continue
+            if isinstance(inner, (str, int, float)) and not isinstance(inner, bool):
+                if read(leaf_text(value, key, inner)) == known:
+                    found.add(Rule(f"{kind}/{'.'.join([*keys, key])}", JSONLD))
+            else:
                 _jsonld(inner, kind, [*keys, key], known, read, found)
-    elif keys and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+    elif keys and isinstance(value, (str, int, float)) and not isinstance(value, bool):  # in a list
         if read(str(value)) == known:
             found.add(Rule(f"{kind}/{'.'.join(keys)}", JSONLD))

@@ -15,16 +15,26 @@ from ..pipelines.clean import CleanPipeline
 
 
 class FieldCleaner:
+    """A price whose currency goes to a field of its own reads as ``(amount, currency)``, and is
+    known as the stored pair: a node that says "190.93" with no mark reads the spider's default
+    currency, which must be the one stored (a repair that read the amount right and took the
+    currency from the default would store a wrong currency on every page of another one)."""
+
     def __init__(self, crawler: Any, item_type: type[StoredItem], field: str) -> None:
         self.pipeline = CleanPipeline(crawler)
         self.item_type = item_type
         self.field = field
-        self._problem = f"{field}:"
+        currency = item_type.price_fields().get(field)
+        self.companion = currency if currency in item_type.columns() else None
+        self._problems = tuple(f"{name}:" for name in (field, self.companion) if name)
 
     def __call__(self, raw: str) -> Any:
         item = self.item_type()
         item[self.field] = raw
         self.pipeline.process_item(item)
-        if any(p.startswith(self._problem) for p in getattr(item, "_problems", ())):
+        if any(p.startswith(self._problems) for p in getattr(item, "_problems", ())):
             return None
-        return item._values.get(self.field)
+        value = item._values.get(self.field)
+        if self.companion is None or value is None:
+            return value
+        return (value, item._values.get(self.companion))

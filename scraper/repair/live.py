@@ -314,6 +314,10 @@ class RepairMiddleware:
                 store.ensure(cur)
                 since = known.threshold(cur, self.spider_name, kind.__name__, field, run_id, self.stable_runs)
                 values = known.stable_values(cur, kind, field, keys, since)
+                if cleaner.companion is not None:
+                    # Known as the cleaner reads it: the amount with its stored, stable currency.
+                    currencies = known.stable_values(cur, kind, cleaner.companion, keys, since)
+                    values = {k: (v, currencies[k]) for k, v in values.items() if k in currencies}
                 current = current or known.last_selector(cur, self.spider_name, kind.__name__, field, run_id)
             evidence = _present(
                 [Evidence(page.url, page.body, values.get(known.key_text(key))) for page, key in zip(pages, keys)],
@@ -401,11 +405,15 @@ def _present(evidence: list[Evidence], cleaner: FieldCleaner) -> list[Evidence]:
     """*evidence* with the stored value of each page where no node holds it any more set to
     None: that page changed its value with its layout (a price changed in the same run), so it
     can neither confirm nor contradict a rule; a rule must still read exactly one node there."""
-    reader = Reader(cleaner)
+    paired = cleaner.companion is not None
+    # A price known with its currency is still on the page when its amount is, under any mark: a
+    # node that reads it with the default currency where another is stored contradicts a rule.
+    reader = Reader((lambda raw: (cleaner(raw) or (None,))[0]) if paired else cleaner)
     longest = max([200] + [3 * len(str(e.known)) for e in evidence if e.known is not None])
     out = []
     for e in evidence:
-        if e.known is not None and not candidates(parse(e.url, e.html), e.known, reader, longest):
+        wanted = e.known[0] if paired and e.known is not None else e.known
+        if wanted is not None and not candidates(parse(e.url, e.html), wanted, reader, longest):
             e = Evidence(e.url, e.html, None)
         out.append(e)
     return out

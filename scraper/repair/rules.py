@@ -138,6 +138,19 @@ def _types(item: dict[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+# schema.org's amounts whose currency is their object's priceCurrency (Offer, PriceSpecification).
+_AMOUNTS = frozenset({"price", "lowPrice", "highPrice", "minPrice", "maxPrice"})
+
+
+def leaf_text(parent: dict[str, Any], key: str, value: Any) -> str:
+    """What a JSON-LD leaf says: an amount with its object's ``priceCurrency`` ("190.93 EUR"),
+    as a page shows a price with its mark; anything else as it is."""
+    currency = parent.get("priceCurrency")
+    if key in _AMOUNTS and isinstance(currency, str) and currency.strip():
+        return f"{value} {currency.strip()}"
+    return str(value)
+
+
 def _walk(value: Any, keys: list[str], out: list[str]) -> None:
     if isinstance(value, list):
         for element in value:
@@ -146,7 +159,11 @@ def _walk(value: Any, keys: list[str], out: list[str]) -> None:
         if isinstance(value, _LEAF) and not isinstance(value, bool):
             out.append(str(value))
     elif isinstance(value, dict) and keys[0] in value:
-        _walk(value[keys[0]], keys[1:], out)
+        inner = value[keys[0]]
+        if len(keys) == 1 and isinstance(inner, _LEAF) and not isinstance(inner, bool):
+            out.append(leaf_text(value, keys[0], inner))
+        else:
+            _walk(inner, keys[1:], out)
 
 
 def jsonld_type(item: dict[str, Any]) -> str:
