@@ -11,7 +11,7 @@ from typing import Any
 
 from support.crawls import crawl_env, run_scrapy, run_scrapy_many
 
-from scraper.demo_site import Catalog, DemoSite
+from scraper.demo_site import Catalog, DemoSite, layout
 
 PRODUCTS = 200
 
@@ -129,3 +129,33 @@ def test_the_held_run_is_repaired_from_the_archive_with_no_refetch(clean, tmp_pa
         assert prices(clean.query) == served(site)
         repaired = clean.query("SELECT count(*) FROM item_changes WHERE reason = 'repair' AND changes ? 'price'")[0][0]
         assert repaired == len(changed)
+
+
+_JSONLD = re.compile(r'<script type="application/ld\+json">.*?</script>', re.S)
+_BOX = re.compile(r'<p class="price-box">Price: <span class="price">(.*?)</span></p>\n')
+
+
+def _amount_only(text: str, product: Any) -> str:
+    # The amount stays, in an attribute; its currency (the mark, the JSON-LD) is nowhere.
+    button = f'<button class="add-to-cart" data-price="{product.jsonld_price}">Add to cart</button>\n'
+    return _BOX.sub(button, _JSONLD.sub("", text))
+
+
+def test_an_amount_shown_without_its_currency_is_never_repaired_into_the_default_currency(clean) -> None:
+    # A shop in several currencies: a rule that reads the bare amount would be right about every
+    # amount and store the spider's default currency on every product priced in another.
+    layout.define("test-amount-only", _amount_only)
+    catalog = Catalog(products=120, broken=False)
+    with DemoSite(catalog, delay_ms=5) as site:
+        env, good = healthy(clean, site)
+        currencies = dict(clean.query("SELECT sku, currency FROM products"))
+        assert len(set(currencies.values())) > 1, "the test needs a shop in several currencies"
+
+        site.break_layout(1.0, parts=("test-amount-only",))
+        for _ in range(2):  # the break run, and the one after: still held, never stored
+            (result,) = crawl(env)
+            assert result.returncode == 3, result.stderr[-3000:]
+        assert prices(clean.query) == good
+        assert dict(clean.query("SELECT sku, currency FROM products")) == currencies
+        statuses = [status for _id, status, *_ in repairs(clean.query)]
+        assert statuses and set(statuses) == {"refused"}, statuses
