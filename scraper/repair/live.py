@@ -469,18 +469,12 @@ def _row(
         old_selector=current,
         node=mw.node,
     )
-    if isinstance(result, Refusal):
-        return store.RepairRow(
-            status="refused",
-            rules=[],
-            evidence=stable,
-            distinct_values=0,
-            contradictions=0,
-            validation={"pages": len(evidence)},
-            reason=f"{result.reason}: {result.detail}",
-            **common,
+    if isinstance(result, Refusal) or result.unchanged:
+        reason = (
+            f"{result.reason}: {result.detail}"
+            if isinstance(result, Refusal)
+            else "the selector in use still reads every stable value: the values changed, not the page"
         )
-    if result.unchanged:
         return store.RepairRow(
             status="refused",
             rules=[],
@@ -488,7 +482,7 @@ def _row(
             distinct_values=0,
             contradictions=0,
             validation={"pages": len(evidence)},
-            reason="the selector in use still reads every stable value: the values changed, not the page",
+            reason=reason,
             **common,
         )
     checks = [f.validation for f in result.rules]
