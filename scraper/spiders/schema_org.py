@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import extruct
 import scrapy
 from scrapy.http import Response
 from scrapy.linkextractors import LinkExtractor
@@ -144,6 +143,8 @@ class SchemaOrgSpider(CatalogSpider):
         if not response.body.strip():
             self.crawler.stats.inc_value("schema_org/empty_pages")
             return
+        import extruct  # here, not at the top: Scrapy imports every spider module at every start
+
         try:
             data = extruct.extract(
                 response.text, base_url=response.url, syntaxes=["json-ld", "microdata"], uniform=True
