@@ -9,7 +9,9 @@ a stream of its own (deleted at the end). Throughput: N history rows committed f
 relay run ``--once`` per sink (the batch size is ``CHANGEFEED_BATCH``'s default); events/s is
 N over the run's wall time, CPU the relay process's own. Latency: a writer commits one change
 every 5 ms for 10 s while a relay follows; a NATS subscriber notes when each event arrives;
-latency is arrival minus the writer's commit time.
+latency is arrival minus the writer's commit time. Lake (``--lake``): one append of N rows to
+the Iceberg ``changes`` table in a folder (the commit's wall time: Parquet file, manifests,
+metadata, the catalog row), and a relay run ``--once`` to the lake in batches of 5,000.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -140,6 +143,65 @@ def latency(dsn: str, conf: feed_config.FeedConfig, seconds: float = 10.0) -> di
     }
 
 
+def lake(dsn: str, n: int) -> dict[str, float]:
+    import tempfile
+
+    import pyarrow as pa
+
+    from scraper.feed.sinks.lake import _CHANGES_ARROW, LakeSink, key_text
+
+    # The items the events name, so that the relay upserts `current` as it would for a crawl.
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE IF NOT EXISTS products (spider text, sku text, title text, price numeric,"
+            " content_hash text, gone_at timestamptz, PRIMARY KEY (spider, sku))"
+        )
+        cur.execute(
+            "INSERT INTO products SELECT 'demo', 'SKU-' || lpad(i::text, 7, '0'), 'b', 2.0, md5(i::text), NULL"
+            " FROM generate_series(0, %s) i ON CONFLICT DO NOTHING",
+            (n,),
+        )
+    conn.close()
+    folder = tempfile.mkdtemp(prefix="bench-lake-")
+    sink = LakeSink(dsn, folder, namespace="bench_lake")
+    asyncio.run(sink.open())
+    now = datetime.now(UTC)
+    rows = pa.Table.from_pylist(
+        [
+            {
+                "id": i,
+                "item_table": "products",
+                "key": key_text(["demo", f"SKU-{i:07d}"]),
+                "kind": "update",
+                "reason": "crawl",
+                "spider": "demo",
+                "run_id": 1,
+                "at": now,
+                "changes": '{"price":[1.0,2.0]}',
+            }
+            for i in range(n)
+        ],
+        schema=_CHANGES_ARROW,
+    )
+    started = time.perf_counter()
+    sink._changes.append(rows)
+    append = time.perf_counter() - started
+    asyncio.run(sink.close())
+    conf = feed_config.read(Settings({"CHANGEFEED_LAKE_FOLDER": folder, "CHANGEFEED_BATCH": "5000"}))
+    relay = Relay(dsn, sinks.make("lake", conf, dsn), conf, name="bench-lake", say=lambda _t: None)
+    cpu, wall = time.process_time(), time.perf_counter()
+    progress = asyncio.run(relay.run(follow=False))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "append_rows": n,
+        "append_commit_s": append,
+        "relay_events": progress.published,
+        "relay_events_per_s": progress.published / wall,
+        "relay_cpu_s_per_1000": cpu / max(progress.published, 1) * 1000,
+    }
+
+
 def cleanup(name: str) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
     connection.channel().queue_delete(name)
@@ -156,12 +218,21 @@ def cleanup(name: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--lake", action="store_true", help="the lake only: a 100,000-row append and a relay run")
     args = parser.parse_args()
     base = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test"
     dsn = scratch_database(base, "bench_feed")
     name = f"bench_feed_{uuid.uuid4().hex[:8]}"
     conf = conf_for(name)
     results: dict[str, object] = {"events": args.events}
+    if args.lake:
+        try:
+            fill(dsn, args.events)
+            results["lake"] = lake(dsn, 100_000)
+        finally:
+            scratch_database(base, "bench_feed")
+        print(json.dumps(results, indent=2))
+        return
     try:
         fill(dsn, args.events)
         for kind in ("rabbitmq", "nats"):

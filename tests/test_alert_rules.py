@@ -44,6 +44,8 @@ ALERT_NAMES = {
     "ScraperArchiveFailing",
     "ScraperQualityGuardBroken",
     "ScraperFieldRepaired",
+    "ScraperChangefeedSinkDown",
+    "ScraperChangefeedDeadLetters",
 }
 
 # What every crawl process exports, by type.
@@ -70,6 +72,10 @@ COUNTERS = {
     "scraper_revisit_pages_total",
     "scraper_repairs_total",
     "scraper_repair_items_total",
+    # The change feed's relay (scraper/feed/metrics.py), labelled by sink.
+    "scraper_changefeed_events_published_total",
+    "scraper_changefeed_dead_letters_total",
+    "scraper_changefeed_retries_total",
 }
 GAUGES = {
     "scraper_api_budget_credits",
@@ -101,6 +107,9 @@ GAUGES = {
     "scraper_quality_last_run_failed_checks",
     "scraper_quality_guard_broken",
     "scraper_politeness_rate",
+    "scraper_changefeed_sink_up",
+    "scraper_changefeed_lag_seconds",
+    "scraper_changefeed_last_publish_timestamp_seconds",
 }
 HISTOGRAMS = {"scraper_download_latency_seconds", "scraper_pipeline_seconds"}
 SUMMARIES = {"scraper_storage_flush_seconds"}
@@ -125,6 +134,7 @@ LABELS = {
     "state",
     "item_type",
     "field",
+    "sink",
 }
 
 # The series each layer's row must show.
@@ -294,7 +304,9 @@ def test_alert_rules_have_severity_summary_with_spider_and_description():
     assert set(blocks) == ALERT_NAMES
     for name, block in blocks.items():
         assert re.search(r"^\s+severity:\s*(warning|critical)\s*$", block, re.M), name
-        assert re.search(r"^\s+summary:.*\{\{ \$labels\.spider \}\}", block, re.M), name
+        # The change feed's relay serves no spider: its alerts name the sink.
+        who = "sink" if name.startswith("ScraperChangefeed") else "spider"
+        assert re.search(rf"^\s+summary:.*\{{\{{ \$labels\.{who} \}}\}}", block, re.M), name
         assert re.search(r"^\s+description:", block, re.M), name
 
 

@@ -41,6 +41,11 @@ NOT_SCRAPY = {"DATE_ORDER"}
 NOT_SETTINGS = {
     "PSQL": "scrapy dbshell's psql binary, for that command alone",
     "SCRAPING_API_STANDIN_KEY": "the local scraping-API stand-in's own key (a development tool)",
+    # The clouds' own variables, read as their tools read them (the lake's bucket): credentials
+    # never become settings of ours, so they never reach a log line.
+    "AWS_REGION": "the lake's S3 region, as AWS' tools read it",
+    "AWS_DEFAULT_REGION": "the lake's S3 region, as AWS' tools read it",
+    "GOOGLE_APPLICATION_CREDENTIALS": "Google's default credentials for the lake's GCS bucket",
 }
 # A message telling the operator to give a setting: ``-s SOME_SETTING=VALUE`` (``NAME``: any).
 GIVEN = re.compile(r"-s (?!NAME=)([A-Z][A-Z0-9_]{2,})=")

@@ -948,9 +948,33 @@ _ALL: list[Setting] = [
             "path",
             None,
             "Where `--sink lake` writes its Iceberg tables (`changes`, `current`: Parquet files and "
-            "metadata); their catalog is in the project's Postgres.",
+            "metadata): a folder, `s3://bucket/prefix` or `gs://bucket/prefix`; their catalog is in the "
+            "project's Postgres.",
         ),
         ("CHANGEFEED_LAKE_NAMESPACE", "str", "changefeed", "The Iceberg namespace of the lake's tables."),
+        (
+            "CHANGEFEED_LAKE_ENDPOINT",
+            "url",
+            "",
+            "An S3-compatible or GCS endpoint for the lake's bucket (MinIO, an emulator); unset: the "
+            "cloud's own. Credentials come from the environment (`AWS_*`, `GOOGLE_APPLICATION_CREDENTIALS`).",
+        ),
+        (
+            "CHANGEFEED_LAKE_TIMEOUT",
+            "float",
+            30,
+            "Seconds one request to the lake's bucket may take, retries included, before the batch "
+            "is sent again (the relay waits for the bucket as for any sink).",
+            {"minimum": 1},
+        ),
+        (
+            "CHANGEFEED_LAKE_KEEP_DAYS",
+            "float",
+            7,
+            "Days of snapshots `scrapy feed compact` keeps (time travel); older snapshots and the "
+            "files only they used are deleted.",
+            {"minimum": 0},
+        ),
         (
             "CHANGEFEED_METRICS_PORT",
             "int",

@@ -40,6 +40,9 @@ class FeedConfig:
     lake_folder: str = ""
     metrics_port: int = 0
     lake_namespace: str = "changefeed"
+    lake_endpoint: str = field(default="", repr=False)
+    lake_timeout: float = 30.0
+    lake_keep: float = 7.0
 
 
 def _url(settings: Any, name: str, schemes: tuple[str, ...]) -> str:
@@ -62,6 +65,21 @@ def _name(settings: Any, name: str, default: str) -> str:
     if not _NAME.match(value):
         raise ConfigError(f"{name}: letters, digits, '_', '.' and '-' only, got {value!r}")
     return value
+
+
+def _lake(settings: Any) -> str:
+    value = str(settings.get("CHANGEFEED_LAKE_FOLDER") or "").strip()
+    parts = urlsplit(value)
+    if parts.scheme in ("s3", "gs"):
+        if not parts.netloc:
+            raise ConfigError(
+                f"CHANGEFEED_LAKE_FOLDER: {value!r} names no bucket (expected {parts.scheme}://bucket/prefix)"
+            )
+    elif len(parts.scheme) > 1 and not value.startswith("file://"):  # a Windows drive letter is no scheme
+        raise ConfigError(
+            f"CHANGEFEED_LAKE_FOLDER: a folder, s3://bucket/prefix or gs://bucket/prefix, got {mask_url(value)}"
+        )
+    return value[len("file://") :] if value.startswith("file://") else value
 
 
 def read(settings: Any) -> FeedConfig:
@@ -88,7 +106,10 @@ def read(settings: Any) -> FeedConfig:
         webhook_secret=secret,
         webhook_tries=get_int(settings, "CHANGEFEED_WEBHOOK_TRIES"),
         webhook_timeout=get_float(settings, "CHANGEFEED_WEBHOOK_TIMEOUT"),
-        lake_folder=str(settings.get("CHANGEFEED_LAKE_FOLDER") or ""),
+        lake_folder=_lake(settings),
+        lake_endpoint=_url(settings, "CHANGEFEED_LAKE_ENDPOINT", ("http", "https")),
+        lake_timeout=get_float(settings, "CHANGEFEED_LAKE_TIMEOUT"),
+        lake_keep=get_float(settings, "CHANGEFEED_LAKE_KEEP_DAYS"),
         lake_namespace=_name(settings, "CHANGEFEED_LAKE_NAMESPACE", "changefeed").replace(".", "_"),
         metrics_port=get_int(settings, "CHANGEFEED_METRICS_PORT"),
     )
