@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import nats
@@ -817,3 +818,124 @@ def test_metrics_say_when_the_sink_is_away_and_what_went_out(db, stream_name) ->
     assert after['scraper_changefeed_sink_up{sink="nats"}'] == 1
     assert after['scraper_changefeed_events_published_total{sink="nats"}'] == 9
     assert after['scraper_changefeed_last_publish_timestamp_seconds{sink="nats"}'] > time.time() - 60
+
+
+# --- a consumer that starts late ----------------------------------------------------------------
+
+
+def _stored_gadgets(services) -> dict:
+    return {
+        code: (name, float(price) if price is not None else None, gone)
+        for code, name, price, gone in services.query("SELECT code, name, price, gone_at IS NOT NULL FROM gadgets")
+    }
+
+
+def _rabbitmq_from(name: str, offset: object, expect_last: int) -> list[tuple[int, dict, int]]:
+    """Stream *name* read with pika from *offset* (a number, or a time) until the event
+    *expect_last* came: (event id, event, stream offset) each."""
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    out = []
+    deadline = time.monotonic() + 30
+    for method, props, body in channel.consume(name, arguments={"x-stream-offset": offset}, inactivity_timeout=1):
+        if method is None:
+            if time.monotonic() > deadline:
+                break
+            continue
+        out.append((int(props.message_id), json.loads(body), props.headers["x-stream-offset"]))
+        channel.basic_ack(method.delivery_tag)
+        if out[-1][0] == expect_last:
+            break
+    channel.cancel()
+    connection.close()
+    return out
+
+
+def _nats_from(stream: str, subject: str, **start: object) -> list[dict]:
+    """Every event of JetStream *stream* from a start sequence or time, with an ephemeral
+    consumer of nats-py's own."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    async def main() -> list[dict]:
+        nc = await nats.connect(NATS_URL)
+        js = nc.jetstream()
+        policy = DeliverPolicy.BY_START_SEQUENCE if "opt_start_seq" in start else DeliverPolicy.BY_START_TIME
+        sub = await js.pull_subscribe(
+            f"{subject}.>", stream=stream, config=ConsumerConfig(deliver_policy=policy, **start)
+        )
+        out = []
+        while True:
+            try:
+                batch = await sub.fetch(100, timeout=1)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            for msg in batch:
+                out.append(json.loads(msg.data))
+                await msg.ack()
+        await nc.close()
+        return out
+
+    return asyncio.run(main())
+
+
+def test_a_late_consumer_replays_from_an_offset_or_a_time_and_rebuilds_postgres(db, stream_name) -> None:
+    conn = _connect(db)
+    schema.migrate(conn, [Gadget])
+    upserter = TableUpserter("gadgets", GADGET_COLUMNS, ("shop", "code"), 3600.0, spider="t", track=True)
+
+    def write(rows) -> None:
+        with conn, conn.cursor() as cur:
+            history.record(cur, "gadgets", upserter.write(cur, rows).changes, history.Context("t", 1))
+
+    conf = _conf()
+    stream, subject = stream_name.upper(), stream_name
+
+    def relay() -> None:
+        _relay_once(db, RabbitMQSink(RABBITMQ_URL, stream_name, timeout=10), conf, name="rabbitmq")
+        _relay_once(db, NatsSink(NATS_URL, stream, subject, timeout=10), conf, name="nats")
+
+    write([gadget_row(f"c{i:02d}", f"n{i}", "1.00") for i in range(12)])
+    relay()
+    first = _history_ids(db)
+    # A consumer read everything so far, kept its state and its place, and then stopped.
+    early = _rabbitmq_from(stream_name, "first", first[-1])
+    assert [i for i, _e, _o in early] == first
+    kept_offset = early[-1][2]
+    time.sleep(1.5)  # stream timestamps are in seconds
+    since = datetime.now(UTC)
+    time.sleep(1.5)
+
+    # Meanwhile: changes, gone-marks and returns.
+    write([gadget_row(f"c{i:02d}", f"m{i}", "2.50") for i in range(4)])
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "WITH g AS (UPDATE gadgets SET gone_at = now() WHERE code IN ('c09', 'c10', 'c11') RETURNING code)"
+            " INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)"
+            " SELECT 'gadgets', jsonb_build_array('s', code), 'gone', 'crawl', 't', 1 FROM g ORDER BY code"
+        )
+    write([gadget_row("c11", "back again", "3.00")])
+    relay()
+    later = [i for i in _history_ids(db) if i > first[-1]]
+    kinds = {k for (k,) in db.query("SELECT DISTINCT kind FROM item_changes WHERE id > %s", (first[-1],))}
+    assert kinds == {"update", "gone", "back"}
+    stored = _stored_gadgets(db)
+
+    # RabbitMQ, from the offset after the consumer's last: exactly what it missed.
+    by_offset = _rabbitmq_from(stream_name, kept_offset + 1, later[-1])
+    assert [i for i, _e, _o in by_offset] == later
+    assert _rebuild([e for _i, e, _o in early] + [e for _i, e, _o in by_offset]) == stored
+    # From a time: the stream starts at the chunk holding it (maybe earlier), so a consumer skips
+    # what it applied already, by id.
+    by_time = [e for i, e, _o in _rabbitmq_from(stream_name, since, later[-1]) if i > first[-1]]
+    assert [e["id"] for e in by_time] == later
+    assert _rebuild([e for _i, e, _o in early] + by_time) == stored
+
+    # NATS JetStream, by start time and by sequence (a fresh consumer: the whole history).
+    from_time = _nats_from(stream, subject, opt_start_time=since.isoformat().replace("+00:00", "Z"))
+    assert [e["id"] for e in from_time] == later
+    everything = _nats_from(stream, subject, opt_start_seq=1)
+    assert [e["id"] for e in everything] == _history_ids(db)
+    assert _rebuild(everything) == stored
+    assert stored["c10"][2] is True and stored["c11"] == ("back again", 3.0, False)
+    conn.close()

@@ -1,21 +1,25 @@
 """``scrapy export TABLE -o FILE [--where SQL] [--since WHEN]``: rows of a table to a file.
 
 The format follows the file's extension: ``.csv`` (with a header), ``.jsonl`` (one object per
-line) or ``.json`` (one array); ``-o -`` writes JSON lines to standard output. Rows are streamed
-through a server-side cursor, a few thousand at a time, so a table of any size is exported in
-constant memory. ``--since`` keeps rows changed since a time (``updated_at``, or ``last_seen``
-for a table without it): an ISO date or time (``2026-11-30``, ``2026-11-30T12:00Z``) or an age
-(``90m``, ``6h``, ``2d``). ``--where`` adds any SQL condition on the table's columns.
+line), ``.json`` (one array) or ``.parquet`` (typed columns, see ``storage.parquet_export``);
+``-o -`` writes JSON lines to standard output. Rows are streamed (through a server-side cursor,
+or ``COPY`` for Parquet), so a table of any size is exported in constant memory; a progress line
+goes to stderr every ``--progress`` seconds (5). ``--since`` keeps rows changed since a time
+(``updated_at``, or ``last_seen`` for a table without it): an ISO date or time (``2026-11-30``,
+``2026-11-30T12:00Z``) or an age (``90m``, ``6h``, ``2d``). ``--where`` adds any SQL condition on
+the table's columns.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
+import time
 from argparse import ArgumentParser, Namespace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from datetime import date, datetime
 from decimal import Decimal
@@ -28,8 +32,9 @@ from scrapy.commands import ScrapyCommand
 from ..runtime.secrets import redact
 from . import backends_or_report, report_error
 
-FORMATS = ("csv", "jsonl", "json")
+FORMATS = ("csv", "jsonl", "json", "parquet")
 BATCH = 2000
+PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -51,7 +56,23 @@ def _cell(value: Any) -> Any:
     return "" if value is None else value
 
 
-def write_rows(out: TextIO, fmt: str, columns: list[str], rows: Iterator[tuple]) -> int:
+class Progress:
+    """``export: 1,200,000 rows (240,000/s)`` on stderr, at most every *every* seconds."""
+
+    def __init__(self, every: float = PROGRESS_EVERY) -> None:
+        self.every = every
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, rows: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"export: {rows:,} rows ({rows / (now - self.started):,.0f}/s)", file=sys.stderr, flush=True)
+
+
+def write_rows(
+    out: TextIO, fmt: str, columns: list[str], rows: Iterator[tuple], on_rows: Callable[[int], None] = lambda _n: None
+) -> int:
     count = 0
     if fmt == "csv":
         writer = csv.writer(out)
@@ -59,6 +80,8 @@ def write_rows(out: TextIO, fmt: str, columns: list[str], rows: Iterator[tuple])
         for row in rows:
             writer.writerow([_cell(v) for v in row])
             count += 1
+            if count % BATCH == 0:
+                on_rows(count)
         return count
     if fmt == "json":
         out.write("[")
@@ -69,6 +92,8 @@ def write_rows(out: TextIO, fmt: str, columns: list[str], rows: Iterator[tuple])
         else:
             out.write(text + "\n")
         count += 1
+        if count % BATCH == 0:
+            on_rows(count)
     if fmt == "json":
         out.write("\n]\n")
     return count
@@ -89,25 +114,31 @@ class Command(ScrapyCommand):
     requires_crawler_process = False  # no crawl: no Scrapy banner either
 
     def syntax(self) -> str:
-        return "TABLE -o FILE.{csv,jsonl,json} [--where SQL] [--since WHEN]"
+        return "TABLE -o FILE.{csv,jsonl,json,parquet} [--where SQL] [--since WHEN]"
 
     def short_desc(self) -> str:
-        return "Export a table's rows to CSV or JSON, streamed"
+        return "Export a table's rows to CSV, JSON or Parquet, streamed"
 
     def add_options(self, parser: ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("-o", "--output", default=None, help="file to write; .csv, .jsonl or .json; - for stdout")
+        parser.add_argument(
+            "-o", "--output", default=None, help="file to write; .csv, .jsonl, .json or .parquet; - for stdout"
+        )
         parser.add_argument("--where", default=None, help="an SQL condition on the table's columns")
         parser.add_argument("--since", default=None, help="rows changed since: 2026-11-30, 2026-11-30T12:00Z, 6h, 2d")
+        parser.add_argument("--progress", type=float, default=PROGRESS_EVERY, help="seconds between progress lines")
 
     def run(self, args: list[str], opts: Namespace) -> None:
         if len(args) != 1:
-            return report_error(self, "usage: scrapy export TABLE -o FILE.{csv,jsonl,json}")
+            return report_error(self, "usage: scrapy export TABLE -o FILE.{csv,jsonl,json,parquet}")
         if not opts.output:
-            return report_error(self, "export: -o FILE is required (.csv, .jsonl or .json; - for stdout)")
+            return report_error(self, "export: -o FILE is required (.csv, .jsonl, .json or .parquet; - for stdout)")
         fmt = "jsonl" if opts.output == "-" else opts.output.rsplit(".", 1)[-1].lower()
         if fmt not in FORMATS:
-            return report_error(self, f"export: -o {opts.output}: the file must end in .csv, .jsonl or .json")
+            return report_error(self, f"export: -o {opts.output}: the file must end in .csv, .jsonl, .json or .parquet")
+        folder = os.path.dirname(os.path.abspath(opts.output))
+        if opts.output != "-" and not os.path.isdir(folder):
+            return report_error(self, f"export: -o {opts.output}: no folder {folder}")
         found = backends_or_report(self, need_redis=False)
         if found is None:
             return
@@ -125,32 +156,59 @@ class Command(ScrapyCommand):
                 conditions.append(since_condition(opts.since, since_column))
             if opts.where:
                 conditions.append(sql.SQL("({})").format(sql.SQL(opts.where)))
-            query = sql.SQL("SELECT {} FROM {}{}").format(
-                sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-                sql.Identifier(table),
-                sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
-            )
-            # A named cursor lives on the server: rows arrive BATCH at a time, never all at once.
-            with conn.cursor(name="scraper_export") as cursor:
-                cursor.itersize = BATCH
-                try:
-                    cursor.execute(query)
-                    target = (
-                        nullcontext(sys.stdout)
-                        if opts.output == "-"
-                        else open(opts.output, "w", encoding="utf-8", newline="")
-                    )
-                    with target as out:
-                        count = write_rows(out, fmt, columns, iter(cursor))
-                except psycopg2.Error as exc:
-                    option = (
-                        "--since" if opts.since and "timestamp" in str(exc) else "--where" if opts.where else "query"
-                    )
-                    message = getattr(exc.diag, "message_primary", None) or str(exc).splitlines()[0]
-                    return report_error(self, f"export: {option}: {redact(message)}")
+            where = sql.SQL(" AND ").join(conditions) if conditions else None
+            progress = Progress(opts.progress)
+            # pyarrow only for a Parquet export: every scrapy command (a crawl too) loads this module.
+            parquet_export: Any = None
+            export_errors: tuple[type[Exception], ...] = ()
+            if fmt == "parquet":
+                from ..storage import parquet_export
+
+                export_errors = (parquet_export.ExportError,)
+            try:
+                if fmt == "parquet":
+                    typed = parquet_export.table_columns(conn, table)
+                    count = parquet_export.export(conn, table, typed, where, opts.output, progress)
+                else:
+                    count = self._write(conn, table, columns, where, fmt, opts.output, progress)
+            except psycopg2.Error as exc:
+                option = "--since" if opts.since and "timestamp" in str(exc) else "--where" if opts.where else "query"
+                message = getattr(exc.diag, "message_primary", None) or str(exc).splitlines()[0]
+                return report_error(self, f"export: {option}: {redact(message)}")
+            except export_errors as exc:
+                return report_error(self, f"export: {exc}", status=1)
+            except OSError as exc:
+                return report_error(self, f"export: -o {opts.output}: {exc.strerror or exc}", status=1)
         finally:
             conn.close()
-        print(f"exported {count} row(s) from {table} to {opts.output}", file=sys.stderr)
+        took = time.monotonic() - progress.started
+        print(
+            f"exported {count} row(s) from {table} to {opts.output} ({took:.1f} s, {count / max(took, 1e-6):,.0f}/s)",
+            file=sys.stderr,
+        )
+
+    @staticmethod
+    def _write(
+        conn: Any,
+        table: str,
+        columns: list[str],
+        where: sql.Composable | None,
+        fmt: str,
+        output: str,
+        progress: Callable[[int], None],
+    ) -> int:
+        query = sql.SQL("SELECT {} FROM {}{}").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+            sql.Identifier(table),
+            sql.SQL(" WHERE ") + where if where is not None else sql.SQL(""),
+        )
+        # A named cursor lives on the server: rows arrive BATCH at a time, never all at once.
+        with conn.cursor(name="scraper_export") as cursor:
+            cursor.itersize = BATCH
+            cursor.execute(query)
+            target = nullcontext(sys.stdout) if output == "-" else open(output, "w", encoding="utf-8", newline="")
+            with target as out:
+                return write_rows(out, fmt, columns, iter(cursor), progress)
 
     @staticmethod
     def _columns(conn: Any, table: str) -> list[str]:
