@@ -91,7 +91,7 @@ class ArchiveMiddleware:
         config = read_config(crawler.settings)
         if not config.enabled or crawler.settings.getbool("ARCHIVE_REPLAY"):
             raise NotConfigured  # off by default: no "Disabled" warning on every crawl
-        store = store_for(config.url, str(crawler.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        store = store_for(config.url, str(crawler.settings.get("DATA_DIR") or ".data"), config.endpoint)
         writer = ArchiveWriter(
             store,
             crawler.settings["DATABASE_URL"],
@@ -105,7 +105,7 @@ class ArchiveMiddleware:
         crawler.signals.connect(instance.spider_closed, signal=signals.spider_closed)
         logger.info(
             "Archiving every response to %s",
-            config.url if config.url.startswith("s3://") else f"the folder {config.url}",
+            config.url if config.url.startswith(("s3://", "gs://")) else f"the folder {config.url}",
         )
         return instance
 

@@ -1,7 +1,7 @@
-"""Where archive files live: a folder, or an S3-compatible bucket.
+"""Where archive files live: a folder, an S3-compatible bucket, or a GCS bucket (:mod:`.gcs`).
 
-Files are written locally and only read back by byte range, so a store needs four operations.
-S3 has no append: an S3 store receives each file whole once it is rotated.
+Files are written locally and only read back by byte range, so a store needs five operations.
+Buckets have no append: a bucket's store receives each file whole once it is rotated.
 """
 
 from __future__ import annotations
@@ -118,8 +118,13 @@ class S3Store:
 
 
 def store_for(url: str, data_dir: str, endpoint: str | None = None) -> Store:
+    """The store for ``ARCHIVE_URL``; *endpoint* is that kind of bucket's endpoint setting."""
     if url.startswith("s3://"):
         return S3Store(url, os.path.join(data_dir, "archive-spool"), endpoint)
+    if url.startswith("gs://"):
+        from .gcs import GcsStore
+
+        return GcsStore(url, os.path.join(data_dir, "archive-spool"), endpoint)
     return FolderStore(url)
 
 

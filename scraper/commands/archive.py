@@ -48,7 +48,7 @@ class Command(ScrapyCommand):
             self.exitcode = 2
             return
         now = parse_since(opts.now) if opts.now else datetime.now(UTC)
-        store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.endpoint)
         conn = psycopg2.connect(found.database_url)
         try:
             index.ensure(conn)

@@ -117,7 +117,7 @@ class Command(ScrapyCommand):
             self.exitcode = 2
             return
         since = parse_since(opts.since) if opts.since else None
-        store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.s3_endpoint)
+        store = store_for(config.url, str(self.settings.get("DATA_DIR") or ".data"), config.endpoint)
         try:
             held = set(store.names())
         except Exception as exc:

@@ -793,10 +793,18 @@ _ALL: list[Setting] = [
             "ARCHIVE_URL",
             "str",
             "",
-            "Where: a folder (default `DATA_DIR/archive`) or `s3://bucket/prefix` "
-            "(credentials from the usual `AWS_*` variables).",
+            "Where: a folder (default `DATA_DIR/archive`), `s3://bucket/prefix` (credentials from the "
+            "usual `AWS_*` variables) or `gs://bucket/prefix` (Google's default credentials).",
         ),
         ("ARCHIVE_S3_ENDPOINT", "url", "", "URL of an S3-compatible server (MinIO, Ceph...); unset: AWS."),
+        (
+            "ARCHIVE_GCS_ENDPOINT",
+            "url",
+            "",
+            "For `ARCHIVE_URL=gs://...`: URL of a GCS emulator or GCS-compatible server, e.g. "
+            "`http://127.0.0.1:9023`, reached anonymously; unset: Google Cloud Storage, with "
+            "Google's default credentials (`GOOGLE_APPLICATION_CREDENTIALS`...).",
+        ),
         (
             "ARCHIVE_RETENTION_DAYS",
             "float",
