@@ -170,7 +170,7 @@ def plain_store() -> tuple[Store, Any]:
 
 
 def cluster_store(replicas: int) -> Store:
-    from redis_cluster import LocalCluster
+    from support.redis_cluster import LocalCluster
 
     cluster = LocalCluster(masters=3, replicas=replicas)
     try:

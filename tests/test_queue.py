@@ -182,3 +182,69 @@ def test_a_request_taken_back_by_the_process_that_queued_it_is_the_object_itself
     popped = [queue.pop() for _ in range(4)]
     assert [r.url for r in popped] == [r.url for r in staged]
     assert [a is b for a, b in zip(popped, staged)] == [False, False, True, True] and not queue._own
+
+
+# Written by the version before the compact entry (signing.Signer(OLD_SECRET).sign(serializer.dumps(...))),
+# as a queue shared during a rolling deploy holds them.
+OLD_SECRET = "secret-of-the-old-version-0123456789"
+OLD_ENTRIES = [
+    b'h1.ai8609y6hmtuNsjI0VnNQDqr9vdY7kbHyyk2PHaVnto.{"url":"http://shop.test/c/audio/p/1.html","callback":"parse_item",'
+    b'"errback":null,"headers":{"$d":[[{"$b":"Referer"},[{"$b":"http://shop.test/c/audio/"}]]]},"meta":{"depth":2}}',
+    b'h1.P75JDVrEtpWwJsPMK3kJN5iFG68MiBcBNIhztxpwzRg.{"url":"http://shop.test/search","callback":"parse_item",'
+    b'"errback":null,"headers":{},"body":{"$b":"q=lamp"},"cb_kwargs":{"page":2},"dont_filter":true,"method":"POST",'
+    b'"priority":3}',
+]
+
+
+def test_a_queued_entry_is_short_signed_json(queue) -> None:
+    """What Redis keeps per queued request: the tag (128 bits), then JSON without the fields at
+    their defaults; the URL as it is, for whoever reads the queue with jq."""
+    url = "http://shop.example.com/c/kitchen-dining/p/0000001-xxxxxxxxxxxxxx.html"
+    assert len(url) == 70
+    queue.push(scrapy.Request(url, callback=queue.spider.parse_item))
+    raw = queue.server.zrange(queue.key, 0, 0)[0]
+    assert raw.startswith(b"h2") and signing.unwrap(raw) == raw[24:]
+    assert json.loads(signing.unwrap(raw)) == {"url": url, "$": "parse_item"}
+    # Nothing else: 121 bytes, 179 in the format before (a 43-character tag, every field named).
+    assert len(raw) == len(b"h2") + 22 + len(f'{{"url":"{url}","$":"parse_item"}}') == 121
+    assert queue.pop().url == url
+
+
+def test_entries_of_the_previous_format_are_still_verified_and_read(queue) -> None:
+    queue.signer = signing.Signer("the-new-secret-0123456789", OLD_SECRET)  # rotated meanwhile, too
+    tampered = OLD_ENTRIES[0].replace(b"/p/1.html", b"/p/2.html")
+    queue.server.zadd(queue.key, {OLD_ENTRIES[0]: 1, OLD_ENTRIES[1]: 2, tampered: 3})
+    first, second, forged = queue.pop(), queue.pop(), queue.pop()
+    assert first.url == "http://shop.test/c/audio/p/1.html" and first.callback == queue.spider.parse_item
+    assert first.headers.getlist("Referer") == [b"http://shop.test/c/audio/"] and first.meta == {"depth": 2}
+    assert (second.method, second.body, second.priority, second.dont_filter) == ("POST", b"q=lamp", 3, True)
+    assert second.cb_kwargs == {"page": 2} and forged is None
+    [letter] = [json.loads(x) for x in queue.server.lrange("{queue_test}:dead", 0, -1)]
+    assert letter["reason"] == "unsigned" and "/p/2.html" in letter["request"]
+
+
+def test_a_fleet_signed_entry_an_older_node_set_aside_is_requeued_a_forged_one_is_not(queue) -> None:
+    """A node of the version before the compact entry cannot verify one: it sets it aside as an
+    ``unsigned`` dead letter (never fetched, never lost). Its signature holds, so a requeue by a
+    node of this version puts it back; a forged one stays. So does the signed entry the lease
+    reaper keeps in its dead letters."""
+    from scraper.queue.dead_entry import entry
+    from scraper.queue.dead_letters import DeadLetters
+
+    spider = queue.spider
+    ours = queue._encode_request(
+        scrapy.Request("http://shop.test/p/1.html", callback=spider.parse_item, meta={"depth": 2}, priority=2)
+    )
+    forged = signing.Signer("not-the-fleet-secret").sign(b'{"url":"http://169.254.169.254/","$":"parse_item"}')
+    reaped = queue._encode_request(scrapy.Request("http://shop.test/p/2.html", callback=spider.parse_item))
+    dead = "{queue_test}:dead"
+    queue.server.rpush(dead, entry("unsigned", 1, None, ours), entry("unsigned", 1, None, forged))
+    queue.server.rpush(dead, entry("lease expired 4 times: a worker died or stalled holding it", 4, "", reaped))
+    letters = DeadLetters(queue.server, spider)
+    assert letters.requeue("unsigned") == 1
+    assert letters.requeue() == 1  # the reaper's; the forged one stays
+    assert [json.loads(x)["request"] for x in queue.server.lrange(dead, 0, -1)] == [forged.decode()]
+    got = {r.url: r for r in (queue.pop(), queue.pop())}
+    assert got["http://shop.test/p/1.html"].meta == {"depth": 2} and got["http://shop.test/p/1.html"].priority == 2
+    assert got["http://shop.test/p/2.html"].callback == spider.parse_item
+    assert queue.pop() is None

@@ -100,9 +100,43 @@ def test_rotation_accepts_the_previous_secret_and_refuses_others() -> None:
     for forged in (payload, signing.Signer("stolen-0123456789").sign(payload), rotated.sign(payload) + b" "):
         with pytest.raises(signing.UnsignedEntry):
             rotated.verify(forged)
+    # Entries of the format before the compact one (a 43-character tag), signed with either secret.
+    old_format = b"h1." + signing.Signer("old-secret-0123456789").tag(payload) + b"." + payload
+    assert rotated.verify(old_format) == payload
+    assert rotated.verify(b"h1." + rotated.tag(payload) + b"." + payload) == payload
+    with pytest.raises(signing.UnsignedEntry):
+        rotated.verify(b"h1." + signing.Signer("stolen-0123456789").tag(payload) + b"." + payload)
     # Once the window is over the old secret's entries are refused.
     with pytest.raises(signing.UnsignedEntry):
         signing.Signer("new-secret-0123456789").verify(signing.Signer("old-secret-0123456789").sign(payload))
+
+
+def test_a_short_tag_is_refused_unless_it_is_the_fleet_secrets_own() -> None:
+    """The entry's tag is 128 bits of HMAC-SHA256 (see signing.py): nothing short of the secret
+    makes one, whatever else an injected entry borrows from a real one."""
+    payload = b'{"url":"http://shop.test/p/1.html","$":"parse_product"}'
+    fleet = signing.Signer("fleet-secret-0123456789")
+    good = fleet.sign(payload)
+    assert len(good) == len(b"h2") + 22 + len(payload) and fleet.verify(good) == payload
+    tag = good[2:24]
+    other_tag = fleet.sign(b'{"url":"http://shop.test/p/2.html","$":"parse_product"}')[2:24]
+    full_tag = fleet.tag(payload)  # the whole HMAC, 43 characters: the stream's and the old entries'
+    planted = b'{"url":"http://169.254.169.254/","$":"parse_product"}'
+    forged = [
+        signing.Signer("stolen-0123456789").sign(payload),  # another key
+        b"h2" + tag + planted,  # a real tag on another request
+        b"h2" + other_tag + payload,  # another request's tag
+        b"h2" + tag[:-1] + payload,  # a tag cut short
+        b"h2" + tag[:-1] + (b"B" if tag[-1:] != b"B" else b"C") + payload,  # one character changed
+        b"h2" + full_tag + payload,  # the whole HMAC where the short one belongs
+        b"h1." + tag + b"." + payload,  # the short tag in the old format
+        b"h2" + payload,  # no tag
+        b"h2",
+        payload,
+    ]
+    for entry in forged:
+        with pytest.raises(signing.UnsignedEntry):
+            fleet.verify(entry)
 
 
 def test_the_secret_is_required_with_a_shared_redis_and_kept_0600_for_the_embedded_one(tmp_path, monkeypatch) -> None:

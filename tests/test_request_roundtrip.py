@@ -104,3 +104,74 @@ def test_the_request_shortcuts_write_and_read_what_the_general_walk_does(fields:
     stored = serializer.dumps(data)
     assert stored == orjson.dumps(serializer._encode(data))
     assert serializer.loads(stored) == serializer._decode(orjson.loads(stored))
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_a_queued_request_comes_back_unchanged_from_its_compact_entry(request: Request) -> None:
+    data = request_to_dict(request, SPIDER, {})
+    stored = serializer.dumps_compact(data)
+    back = request_from_dict(serializer.loads(stored), SPIDER)
+    assert _state(back) == _state(request)
+    for attr in ("body", "priority", "dont_filter", "method", "encoding"):
+        assert type(getattr(back, attr)) is type(getattr(request, attr)), attr
+    # The very dict the full form reads back as: whatever reads one form reads the other.
+    assert serializer.loads(stored) == serializer.loads(serializer.dumps(data))
+
+
+def test_every_field_away_from_its_default_comes_back_from_the_compact_entry() -> None:
+    import orjson
+
+    request = Request(
+        "http://shop.test/search?q=lamp",
+        callback=SPIDER.parse,
+        errback=SPIDER.failed,
+        method="PUT",
+        headers={"Referer": "http://shop.test/", "Accept": ["text/html", "*/*"]},
+        body=b"\x00\xff{}",
+        cookies={"session": "1"},
+        meta={"depth": 3, "$": {"$": 1}, "raw": b"\x01", "pair": [1, 2.5]},
+        encoding="latin-1",
+        priority=-7,
+        dont_filter=True,
+        flags=["cached"],
+        cb_kwargs={"page": 2},
+    )
+    stored = serializer.dumps_compact(request_to_dict(request, SPIDER, {}))
+    written = orjson.loads(stored)
+    assert set(written) == {"url", "$", *serializer.SHORT_KEYS.values()} - {"y"}  # every field, short
+    assert written["h"] == {"Referer": "http://shop.test/", "Accept": ["text/html", "*/*"]}
+    assert written["b"] == "\x00\xff{}" and written["$"] == "parse" and written["e"] == "failed"
+    back = request_from_dict(serializer.loads(stored), SPIDER)
+    assert _state(back) == _state(request)
+
+    # At every default a request is its URL and callback: nothing else is written.
+    plain = Request("http://shop.test/p/1.html")
+    alone = b'{"url":"http://shop.test/p/1.html","$":null}'
+    assert serializer.dumps_compact(request_to_dict(plain, SPIDER, {})) == alone
+    assert _state(request_from_dict(serializer.loads(alone), SPIDER)) == _state(plain)
+
+    # A subclass keeps every field (its defaults may differ) and names its class.
+    form = FormRequest("http://shop.test/f", formdata={"a": "1"}, callback=SPIDER.parse)
+    stored = serializer.dumps_compact(request_to_dict(form, SPIDER, {}))
+    assert orjson.loads(stored)["y"] == "scrapy.http.request.form.FormRequest"
+    assert _state(request_from_dict(serializer.loads(stored), SPIDER)) == _state(form)
+
+
+def test_what_the_compact_form_cannot_hold_exactly_is_written_in_the_full_form() -> None:
+    base = {"url": "http://shop.test/", "callback": None, "errback": None, "headers": {}}
+    for data in (
+        {**base, "meta": {"ratio": float("nan")}},  # orjson has no NaN
+        {**base, "meta": {"big": 2**70}},  # nor ints beyond 64 bits
+        {**base, "body": "text, not bytes"},  # would come back as bytes
+        {**base, "headers": {"Referer": [b"x"]}},  # a str name: would come back as bytes
+        {**base, "v": "a field of the compact form's own name"},
+        {"url": "http://shop.test/", "callback": None},  # not every field request_to_dict writes
+    ):
+        stored = serializer.dumps_compact(data)
+        assert stored == serializer.dumps(data)
+        back = serializer.loads(stored)
+        assert back.keys() == data.keys() and back["url"] == data["url"]
+    # A request dict of someone else's with a "$" key of its own never reads as compact.
+    for data in ({"url": "u", "$": "not a callback"}, {"url": "u", "meta": {"$": 1}}):
+        assert serializer.loads(serializer.dumps(data)) == data

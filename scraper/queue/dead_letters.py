@@ -66,8 +66,10 @@ class DeadLetters:
             data = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
             self.server.rpush(self.key, entry(reason, attempts, None, data))
             return 1
-        # Kept unsigned: a requeue signs it again, with the secret of its day.
-        data = signing.unwrap(self.queue._encode_request(request))
+        # Kept unsigned: a requeue signs it again, with the secret of its day. In the full form,
+        # not the queue's compact one: dead letters are few, and nodes of versions before the
+        # compact entry list, show and requeue them too.
+        data = self.queue.encode_plain(request)
         ident = identity(request)
         with self.server.pipeline(transaction=True) as pipe:
             while True:
@@ -101,11 +103,21 @@ class DeadLetters:
         signer = signing.current()
 
         def move(pipe: Any, letter: dict[str, Any]) -> bool:
-            if str(letter.get("reason", "")).startswith(UNSIGNED):
-                return False  # never signed by a node: requeued, it would gain the fleet's authority
+            request: str | bytes = str(letter.get("request", ""))
+            # An unsigned letter was never signed by a node: requeued, it would gain the fleet's
+            # authority. Unless its signature holds after all: an entry of a newer version that
+            # a node of an older one could not read (during a rolling deploy), or one signed with
+            # the previous secret by a node that had not been given it yet. The lease reaper
+            # keeps the signed entry too.
+            if str(letter.get("reason", "")).startswith(UNSIGNED) or str(request).startswith(signing.PREFIXES):
+                try:
+                    request = signer.verify(str(request).encode("utf-8"))
+                except (signing.UnsignedEntry, UnicodeError):
+                    return False
             try:
-                plain = fresh_request(letter["request"])
-                priority = int(json.loads(plain).get("priority", 0))
+                plain = fresh_request(request)
+                fields = serializer.loads(plain)
+                priority = int(fields.get("priority", 0))
                 data = signer.sign(plain)
             except (ValueError, TypeError, AttributeError):
                 return False  # an unreadable entry stays for a human to look at
@@ -114,7 +126,7 @@ class DeadLetters:
             else:
                 # The shard's queue is in another slot than the dead letters, so not in their
                 # transaction: queued first, then taken off the list (a crash repeats, never drops).
-                shard = self.queue.shards.of_url(str(json.loads(plain).get("url", "")))
+                shard = self.queue.shards.of_url(str(fields.get("url", "")))
                 self.server.zadd(self.queue.keys[shard], {data: score_for(priority)})
             return True
 
@@ -127,7 +139,7 @@ class DeadLetters:
 
         def leaked(pipe: Any, letter: dict[str, Any]) -> bool:
             try:
-                return is_leaked_api_call(serializer.loads(letter["request"]))
+                return is_leaked_api_call(serializer.loads(signing.unwrap(letter["request"])))
             except (ValueError, TypeError, KeyError):
                 return False
 
@@ -171,7 +183,7 @@ def _count(raw: bytes | str) -> int:
 
 def _identity_of(letter: dict[str, Any]) -> str | None:
     try:
-        data = serializer.loads(letter["request"])
+        data = serializer.loads(signing.unwrap(letter["request"]))
         return identity(Request(data["url"], method=data.get("method", "GET"), body=data.get("body") or b""))
     except (ValueError, TypeError, KeyError):
         return None

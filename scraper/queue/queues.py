@@ -58,6 +58,9 @@ class PriorityQueue(_RedisPriorityQueue):
         shards: Shards | None = None,
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
+        # Entries in the serializer's compact form where it has one (each queued request pays
+        # for its entry's length in Redis memory); a SCHEDULER_SERIALIZER of its own uses dumps.
+        self._dumps_entry = getattr(self.serializer, "dumps_compact", self.serializer.dumps)
         self._callback_names: dict[Any, str] = {}
         # Every entry written is signed, every entry read verified (see signing.py).
         self.signer = signing.current()
@@ -240,8 +243,14 @@ class PriorityQueue(_RedisPriorityQueue):
         return []
 
     def _encode_request(self, request: Request) -> bytes:
+        return self.signer.sign(self.encode_plain(request, compact=True))
+
+    def encode_plain(self, request: Request, compact: bool = False) -> bytes:
+        """*request*'s JSON, unsigned: the queue entry's (*compact*) or the full form, which
+        versions before the compact entry read too (dead letters keep it)."""
         try:
-            return self.signer.sign(self.serializer.dumps(request_to_dict(request, self.spider, self._callback_names)))
+            dumps = self._dumps_entry if compact else self.serializer.dumps
+            return dumps(request_to_dict(request, self.spider, self._callback_names))
         except SerializationError as exc:
             callback = getattr(request.callback, "__name__", request.callback) or "parse"
             raise RequestSerializationError(

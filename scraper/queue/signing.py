@@ -1,8 +1,20 @@
 """Signed queue entries: write access to Redis is not fetch authority.
 
-Every entry a node or an operator command puts into the shared queue is
-``h1.<HMAC-SHA256 of the JSON, base64url>.<JSON>`` with the fleet secret ``SCHEDULER_SECRET``.
-A popped entry whose signature fails is never fetched: it becomes a dead letter ``unsigned``.
+Every entry a node or an operator command puts into the shared queue is ``h2<tag><JSON>``: the
+tag is the first 128 bits of the JSON's HMAC-SHA256 with the fleet secret ``SCHEDULER_SECRET``,
+22 base64url characters (no separator follows: its length is fixed). Entries of earlier
+versions, ``h1.<the whole HMAC-SHA256, 43 characters>.<JSON>``, are still verified and read. A
+popped entry whose signature fails is never fetched: it becomes a dead letter ``unsigned``.
+
+Why 128 bits are enough: the tag only has to stop someone who can write to Redis but does not
+hold the secret from making an entry the fleet accepts. Without the key a tag can be neither
+computed nor checked offline, so a forger can only try entries on the fleet, one chance in
+2**128 each, every failed one a popped ``unsigned`` dead letter and an alert. The 2**64 of a
+collision search do not apply: it needs tags computed at will, which only the key allows.
+RFC 2104 (section 5) and NIST SP 800-107 allow truncating an HMAC to half its output. Every
+queued request pays for the tag's length in Redis memory (43 characters before, 22 now). The
+processing stream's tags (:meth:`Signer.tag`) keep the whole HMAC: one per fetched page, not
+per queued request, and read by nodes of every version.
 
 The secret: ``SCHEDULER_SECRET``, the same on every node. With no ``REDIS_URL`` (the embedded
 Redis under ``DATA_DIR``) one is made once and kept in ``<DATA_DIR>/scheduler-secret`` (0600).
@@ -24,8 +36,14 @@ from typing import Any
 from ..config import ConfigError, refuse_placeholder_password
 from ..runtime.secrets import register_secret
 
-PREFIX = b"h1."
-_SIG_LEN = 43  # base64url of 32 bytes, unpadded
+PREFIX = b"h2"
+_SIG_LEN = 22  # base64url of 16 bytes, unpadded
+_MAC_BYTES = 16
+# What versions before the compact entry wrote, still read: a rolling deploy shares one queue.
+LEGACY_PREFIX = b"h1."
+_LEGACY_SIG_LEN = 43  # base64url of 32 bytes, unpadded
+#: How a signed entry of any version begins.
+PREFIXES = ("h2", "h1.")
 SECRET_FILE = "scheduler-secret"
 
 
@@ -42,10 +60,13 @@ class Signer:
         return "Signer(***)"
 
     def _mac(self, key: bytes, payload: bytes) -> bytes:
-        return base64.urlsafe_b64encode(hmac.digest(key, payload, "sha256"))[:_SIG_LEN]
+        return base64.urlsafe_b64encode(hmac.digest(key, payload, "sha256"))[:_LEGACY_SIG_LEN]
+
+    def _short_mac(self, key: bytes, payload: bytes) -> bytes:
+        return base64.urlsafe_b64encode(hmac.digest(key, payload, "sha256")[:_MAC_BYTES])[:_SIG_LEN]
 
     def sign(self, payload: bytes) -> bytes:
-        return PREFIX + self._mac(self._key, payload) + b"." + payload
+        return PREFIX + self._short_mac(self._key, payload) + payload
 
     def tag(self, payload: bytes) -> bytes:
         """The signature alone, for records that keep it in a field of their own (the stream)."""
@@ -56,13 +77,20 @@ class Signer:
             raise UnsignedEntry("signature does not match" if tag else "no signature")
 
     def verify(self, data: bytes | str) -> bytes:
-        """The JSON inside a signed entry; :class:`UnsignedEntry` if the signature fails."""
+        """The JSON inside a signed entry (this version's or an earlier one's);
+        :class:`UnsignedEntry` if the signature fails."""
         if isinstance(data, str):
             data = data.encode()
-        head = len(PREFIX) + _SIG_LEN
-        if not data.startswith(PREFIX) or data[head : head + 1] != b".":
+        if data.startswith(PREFIX) and len(data) > len(PREFIX) + _SIG_LEN:
+            mac, payload = data[len(PREFIX) : len(PREFIX) + _SIG_LEN], data[len(PREFIX) + _SIG_LEN :]
+            for key in self._keys:
+                if hmac.compare_digest(mac, self._short_mac(key, payload)):
+                    return payload
+            raise UnsignedEntry("signature does not match")
+        end = len(LEGACY_PREFIX) + _LEGACY_SIG_LEN
+        if not data.startswith(LEGACY_PREFIX) or data[end : end + 1] != b".":
             raise UnsignedEntry("no signature")
-        mac, payload = data[len(PREFIX) : head], data[head + 1 :]
+        mac, payload = data[len(LEGACY_PREFIX) : end], data[end + 1 :]
         for key in self._keys:
             if hmac.compare_digest(mac, self._mac(key, payload)):
                 return payload
@@ -72,8 +100,10 @@ class Signer:
 def unwrap(data: bytes | str) -> bytes | str:
     """The JSON of an entry, signed or not, without checking: for display and routing only."""
     raw = data.encode() if isinstance(data, str) else data
+    if raw.startswith(LEGACY_PREFIX):
+        return raw[len(LEGACY_PREFIX) + _LEGACY_SIG_LEN + 1 :]
     if raw.startswith(PREFIX):
-        return raw[len(PREFIX) + _SIG_LEN + 1 :]
+        return raw[len(PREFIX) + _SIG_LEN :]
     return data
 
 
