@@ -223,8 +223,9 @@ class Command(ScrapyCommand):
     @staticmethod
     def _tables(conn: Any) -> list[str]:
         with conn.cursor() as cur:
+            # Partitions (a month of item_changes) are read through their table, not named.
             cur.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-                "ORDER BY table_name"
+                "SELECT c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace"
+                " AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT c.relispartition ORDER BY 1"
             )
             return [name for (name,) in cur.fetchall()]

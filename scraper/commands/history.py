@@ -14,6 +14,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from ..items import stored_item_types
+from ..storage import retention
 from . import backends_or_report
 
 
@@ -62,8 +63,11 @@ class Command(ScrapyCommand):
                     (table, json.dumps(values)),
                 )
                 rows = cur.fetchall()
+                since = retention.kept_since(cur)
         finally:
             conn.close()
+        if since is not None:
+            print(f"(history kept since {since:%Y-%m-%d} UTC: HISTORY_RETENTION_DAYS dropped the months before)")
         if not rows:
             print(f"no history for {table} {tuple(values)}")
             return

@@ -17,6 +17,7 @@ import psycopg2
 from scrapy.commands import ScrapyCommand
 
 from ..archive import index as archive_index
+from ..config import ConfigError, get_float
 from ..feed import dead_letters as feed_dead_letters
 from ..feed import position as feed_positions
 from ..items import item_module_errors, stored_item_types
@@ -25,7 +26,8 @@ from ..repair import field_sources
 from ..repair import store as repairs
 from ..revisit import store as page_states
 from ..runs import record as run_record
-from ..storage import schema
+from ..storage import retention, schema
+from ..storage.owner import prune_history
 from . import backends_or_report, report_error
 
 
@@ -73,6 +75,14 @@ class Command(ScrapyCommand):
     def short_desc(self) -> str:
         return "Create or update the Postgres tables of every item type"
 
+    def add_options(self, parser: Any) -> None:
+        super().add_options(parser)
+        parser.add_argument(
+            "--partition-history",
+            action="store_true",
+            help="convert an item_changes made before monthly partitions, in place (needed by HISTORY_RETENTION_DAYS)",
+        )
+
     def run(self, args: list[str], opts: Namespace) -> None:
         found = backends_or_report(self, need_redis=False)  # tables only: no Redis to start
         if found is None:
@@ -87,6 +97,18 @@ class Command(ScrapyCommand):
         try:
             changes = schema.migrate(conn, types)
             changes += ensure_bookkeeping(conn)
+            if opts.partition_history:
+                with conn, conn.cursor() as cur:
+                    if retention.convert(cur):
+                        changes.append(
+                            "converted item_changes to monthly partitions (the old rows: item_changes_before)"
+                        )
+            keep = get_float(self.settings, "HISTORY_RETENTION_DAYS", 0.0, minimum=0)
+            if keep > 0:
+                changes += prune_history(found.database_url, keep).lines()
+        except ConfigError as exc:
+            report_error(self, str(exc))
+            return
         finally:
             conn.close()
         tables = ", ".join(t.table for t in types)

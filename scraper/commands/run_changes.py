@@ -17,7 +17,7 @@ from ..items import StoredItem, stored_item_types
 from ..quality.settings import read_settings, value_shifts
 from ..queue import keys
 from ..runs.nodes import NodeRegistry
-from ..storage import held, revert
+from ..storage import held, retention, revert
 
 
 def failing_values(conn: Any, settings: Any, spider: str, run_id: int) -> list[str]:
@@ -140,7 +140,7 @@ def act(found: Any, settings: Any, spider: str, action: str, run_id: int, force:
 
         try:
             reverted = revert.revert_run(conn, spider, run_id, types, progress)
-        except revert.AlreadyReverted as exc:
+        except (revert.AlreadyReverted, retention.RetentionError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(f"run {run_id} of {spider} reverted: {reverted}")

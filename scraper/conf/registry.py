@@ -557,6 +557,15 @@ _ALL: list[Setting] = [
         "Storage",
         ("POSTGRES_BATCH_SIZE", "int", 1000, "Rows per upsert batch.", {"minimum": 1}),
         (
+            "HISTORY_RETENTION_DAYS",
+            "float",
+            0,
+            "Days of `item_changes` kept: whole months older than this are dropped (a partition each, "
+            "at every node's start and `scrapy migrate`) once every change-feed sink has published "
+            "them; 0: kept forever.",
+            {"minimum": 0},
+        ),
+        (
             "POSTGRES_FLUSH_INTERVAL",
             "float",
             1.0,

@@ -19,27 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg2 import sql
 
+from . import retention
+
 if TYPE_CHECKING:
     from ..items.base import StoredItem
 
 
 TABLE = "item_changes"
-DDL = """
-CREATE TABLE IF NOT EXISTS item_changes (
-    id          bigserial PRIMARY KEY,
-    item_table  text NOT NULL,
-    key         jsonb NOT NULL,
-    kind        text NOT NULL,   -- insert | update | gone | back
-    reason      text NOT NULL,   -- crawl | reprocess
-    spider      text,
-    run_id      bigint,
-    at          timestamptz NOT NULL DEFAULT now(),
-    changes     jsonb NOT NULL DEFAULT '{}'::jsonb,
-    xid         xid8 DEFAULT pg_current_xact_id()
-);
-CREATE INDEX IF NOT EXISTS item_changes_key_idx ON item_changes (item_table, key, at);
-CREATE INDEX IF NOT EXISTS item_changes_at_idx ON item_changes (at);
-"""
 # The writing transaction's id, for the change feed (scraper/feed): ``id`` is taken at insert,
 # not at commit, so a reader of ``id > last`` would skip a row committed late; the relay reads by
 # which transactions a snapshot sees instead. A column default: no statement of the writers
@@ -69,9 +55,14 @@ class Context:
 
 
 def ensure(cur: Any) -> None:
-    cur.execute(DDL)
-    # Checked first: ALTER TABLE takes an exclusive lock even when there is nothing to do, and
-    # every node runs this at start.
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (TABLE,))
+    if not cur.fetchone()[0]:
+        cur.execute(retention.PARTITIONED_DDL)
+    if retention.is_partitioned(cur):
+        retention.ensure_ahead(cur)
+    # A table from before the transaction id (or from before partitioning, which `scrapy migrate
+    # --partition-history` converts). Checked first: ALTER TABLE takes an exclusive lock even
+    # when there is nothing to do, and every node runs this at start.
     cur.execute(
         "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
         " AND table_name = 'item_changes' AND column_name = 'xid'), to_regclass('item_changes_xid_idx') IS NOT NULL"

@@ -16,8 +16,8 @@ from typing import Any
 
 from scrapy import signals
 
-from ..config import get_float, get_int, mask_url
-from . import history
+from ..config import ConfigError, get_float, get_int, mask_url
+from . import history, retention
 from .writer import PostgresWriter
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ class PostgresStore:
         )
         writer.open(stored_item_types())
         logger.info("Storing items in %s", mask_url(settings["DATABASE_URL"]))
+        keep = get_float(settings, "HISTORY_RETENTION_DAYS", 0.0, minimum=0)
+        if keep > 0:
+            prune_history(settings["DATABASE_URL"], keep)
         self.writer = writer
         # Connected now, after every extension's own handler: the writer closes (drained) last,
         # once the run's recorder, the quality monitor and the revisit recorder are done.
@@ -60,6 +63,28 @@ class PostgresStore:
     async def _close(self) -> None:
         if self.writer is not None:
             await self.writer.close()
+
+
+def prune_history(database_url: str, keep_days: float) -> retention.PruneReport:
+    """The months of history past *keep_days* dropped; ConfigError when the history table is
+    not partitioned (nothing could be dropped in O(1))."""
+    import psycopg2
+
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn, conn.cursor() as cur:
+            partitioned = retention.is_partitioned(cur)
+        if not partitioned:
+            raise ConfigError(
+                "HISTORY_RETENTION_DAYS: item_changes was made before monthly partitions; run "
+                "`scrapy migrate --partition-history` once (it converts the table in place)"
+            )
+        report = retention.prune(conn, keep_days)
+    finally:
+        conn.close()
+    for line in report.lines():
+        logger.info(line)
+    return report
 
 
 def store_of(crawler: Any) -> PostgresStore | None:

@@ -22,7 +22,7 @@ from typing import Any
 from psycopg2 import sql
 
 from ..items.base import StoredItem
-from . import history
+from . import history, retention
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ def revert_run(
         )
         if cur.fetchone():
             raise AlreadyReverted(f"run {run_id} of {spider} was reverted already")
+        # A run older than the history kept has no rows left to undo: said, not "0 reverted".
+        cur.execute("SELECT to_regclass('crawl_runs') IS NOT NULL")
+        if cur.fetchone()[0]:
+            cur.execute("SELECT min(started) FROM crawl_runs WHERE spider = %s AND run_id = %s", (spider, run_id))
+            retention.refuse_before(cur, cur.fetchone()[0], f"run {run_id} of {spider}")
         for item_type in item_types:
             cur.execute(
                 "SELECT id, key, kind, changes FROM item_changes WHERE item_table = %s AND spider = %s "
