@@ -27,7 +27,6 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import duckdb
 import psycopg2
@@ -35,6 +34,8 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from scratch import drop_database, scratch_database  # noqa: E402
 
 from scraper.items.product import ProductItem  # noqa: E402
 from scraper.storage import schema  # noqa: E402
@@ -61,25 +62,6 @@ SELECT 'demo', format('SKU-%s', lpad(i::text, 8, '0')),
        CASE WHEN i % 50 = 0 THEN now() END, 'demo'
 FROM generate_series(1, {rows}) AS i
 """
-
-
-def scratch_database(url: str, name: str) -> str:
-    admin = psycopg2.connect(url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {name}")
-    admin.close()
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
-
-
-def drop_database(url: str, name: str) -> None:
-    admin = psycopg2.connect(url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
 
 
 def fill(dsn: str, n: int) -> None:

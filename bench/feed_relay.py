@@ -27,7 +27,6 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import pika
@@ -36,6 +35,8 @@ from scrapy.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scratch import drop_database, scratch_database  # noqa: E402
+
 from scraper.feed import config as feed_config  # noqa: E402
 from scraper.feed import sinks  # noqa: E402
 from scraper.feed.relay import Relay  # noqa: E402
@@ -43,17 +44,6 @@ from scraper.storage import history  # noqa: E402
 
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
-
-
-def scratch_database(url: str, name: str) -> str:
-    admin = psycopg2.connect(url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {name}")
-    admin.close()
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
 def fill(dsn: str, n: int) -> None:
@@ -230,7 +220,7 @@ def main() -> None:
             fill(dsn, args.events)
             results["lake"] = lake(dsn, 100_000)
         finally:
-            scratch_database(base, "bench_feed")
+            drop_database(base, "bench_feed")
         print(json.dumps(results, indent=2))
         return
     try:
@@ -240,7 +230,7 @@ def main() -> None:
         results["commit_to_publish_nats"] = latency(dsn, conf)
     finally:
         cleanup(name)
-        scratch_database(base, "bench_feed")
+        drop_database(base, "bench_feed")
     print(json.dumps(results, indent=2))
 
 

@@ -20,26 +20,16 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scratch import drop_database, scratch_database  # noqa: E402
+
 from scraper.storage import history, retention  # noqa: E402
 
 NAME = "bench_retention"
-
-
-def scratch(url: str) -> str:
-    admin = psycopg2.connect(url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {NAME} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {NAME}")
-    admin.close()
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{NAME}", parts.query, parts.fragment))
 
 
 def drop_month(dsn: str, rows: int) -> dict[str, float]:
@@ -111,16 +101,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,2000000")
     args = parser.parse_args()
     base = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test"
-    dsn = scratch(base)
+    dsn = scratch_database(base, NAME)
     results: dict[str, object] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "load": os.getloadavg()[0]}
     try:
         results["drop"] = [drop_month(dsn, int(n)) for n in args.sizes.split(",")]
         results["writer"] = writer_cost(dsn)
     finally:
-        admin = psycopg2.connect(base)
-        admin.autocommit = True
-        admin.cursor().execute(f"DROP DATABASE IF EXISTS {NAME} WITH (FORCE)")
-        admin.close()
+        drop_database(base, NAME)
     print(json.dumps(results, indent=2))
 
 

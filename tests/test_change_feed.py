@@ -28,7 +28,7 @@ import pytest
 from scrapy.settings import Settings
 from support.crawls import crawl_env, run_scrapy
 from support.storage_items import COLUMNS as GADGET_COLUMNS
-from support.storage_items import Gadget
+from support.storage_items import Gadget, GadgetHistory
 from support.storage_items import row as gadget_row
 
 from scraper.config import ConfigError
@@ -880,13 +880,8 @@ def _nats_from(stream: str, subject: str, **start: object) -> list[dict]:
 
 
 def test_a_late_consumer_replays_from_an_offset_or_a_time_and_rebuilds_postgres(db, stream_name) -> None:
-    conn = _connect(db)
-    schema.migrate(conn, [Gadget])
-    upserter = TableUpserter("gadgets", GADGET_COLUMNS, ("shop", "code"), 3600.0, spider="t", track=True)
-
-    def write(rows) -> None:
-        with conn, conn.cursor() as cur:
-            history.record(cur, "gadgets", upserter.write(cur, rows).changes, history.Context("t", 1))
+    writer = GadgetHistory(db.database_url)
+    write = writer.write
 
     conf = _conf()
     stream, subject = stream_name.upper(), stream_name
@@ -908,12 +903,7 @@ def test_a_late_consumer_replays_from_an_offset_or_a_time_and_rebuilds_postgres(
 
     # Meanwhile: changes, gone-marks and returns.
     write([gadget_row(f"c{i:02d}", f"m{i}", "2.50") for i in range(4)])
-    with conn, conn.cursor() as cur:
-        cur.execute(
-            "WITH g AS (UPDATE gadgets SET gone_at = now() WHERE code IN ('c09', 'c10', 'c11') RETURNING code)"
-            " INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)"
-            " SELECT 'gadgets', jsonb_build_array('s', code), 'gone', 'crawl', 't', 1 FROM g ORDER BY code"
-        )
+    writer.gone(["c09", "c10", "c11"])
     write([gadget_row("c11", "back again", "3.00")])
     relay()
     later = [i for i in _history_ids(db) if i > first[-1]]
@@ -938,4 +928,4 @@ def test_a_late_consumer_replays_from_an_offset_or_a_time_and_rebuilds_postgres(
     assert [e["id"] for e in everything] == _history_ids(db)
     assert _rebuild(everything) == stored
     assert stored["c10"][2] is True and stored["c11"] == ("back again", 3.0, False)
-    conn.close()
+    writer.close()

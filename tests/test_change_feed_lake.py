@@ -22,15 +22,13 @@ import pytest
 from scrapy.settings import Settings
 from support.crawls import crawl_env, run_scrapy
 from support.processes import wait_for
-from support.storage_items import COLUMNS as GADGET_COLUMNS
-from support.storage_items import Gadget
+from support.storage_items import GadgetHistory
 from support.storage_items import row as gadget_row
 
 from scraper.feed import config as feed_config
 from scraper.feed import events, position
 from scraper.feed.sinks.lake import LakeSink, compare_current
-from scraper.storage import history, schema
-from scraper.storage.upsert import TableUpserter
+from scraper.storage import history
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -53,36 +51,8 @@ def db(clean):
     with conn.cursor() as cur:
         history.ensure(cur)
         position.ensure(cur)
-        cur.execute("DROP TABLE IF EXISTS iceberg_tables, iceberg_namespace_properties")
-    schema.migrate(conn, [Gadget])
     conn.close()
     return clean
-
-
-class Writer:
-    """Gadgets written as the pipeline writes them: inserts, changes, gone-marks and returns,
-    each with its history row in the same transaction."""
-
-    def __init__(self, services) -> None:
-        self.conn = psycopg2.connect(services.database_url)
-        self.upserter = TableUpserter("gadgets", GADGET_COLUMNS, ("shop", "code"), 3600.0, spider="t", track=True)
-
-    def write(self, rows) -> None:
-        with self.conn, self.conn.cursor() as cur:
-            result = self.upserter.write(cur, rows)
-            history.record(cur, "gadgets", result.changes, history.Context("t", 1))
-
-    def gone(self, codes) -> None:
-        with self.conn, self.conn.cursor() as cur:
-            cur.execute(
-                "WITH g AS (UPDATE gadgets SET gone_at = now() WHERE code = ANY(%s) RETURNING code)"
-                " INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id)"
-                " SELECT 'gadgets', jsonb_build_array('s', code), 'gone', 'crawl', 't', 1 FROM g ORDER BY code",
-                (list(codes),),
-            )
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 def _history_ids(services) -> list[int]:
@@ -146,7 +116,7 @@ def s3(tmp_path):
 
 def test_lake_on_s3_written_read_back_by_the_official_client_and_duckdb(db, s3, tmp_path) -> None:
     endpoint, client = s3
-    writer = Writer(db)
+    writer = GadgetHistory(db.database_url)
     writer.write([gadget_row(f"c{i:02d}", f"n{i}", "1.00") for i in range(20)])
     writer.write([gadget_row(f"c{i:02d}", f"m{i}", "2.50") for i in range(5)])
     writer.gone(["c17", "c18", "c19"])
@@ -244,7 +214,7 @@ def gcs(tmp_path):
 
 
 def test_lake_on_gcs_waits_out_a_bucket_that_stops_answering_and_writes_nothing_twice(db, gcs, tmp_path) -> None:
-    writer = Writer(db)
+    writer = GadgetHistory(db.database_url)
     writer.write([gadget_row(f"c{i:02d}", f"n{i}", "1.00") for i in range(12)])
     env = _lake_env(db, "gs://lake/warehouse", CHANGEFEED_LAKE_ENDPOINT=gcs.endpoint, CHANGEFEED_LAKE_TIMEOUT="2")
     first = run_scrapy(env, "feed", "run", "--sink", "lake", "--once")
@@ -307,7 +277,7 @@ def _lake_state(env) -> dict:
 
 
 def test_compact_rewrites_small_files_expires_snapshots_and_keeps_every_row(db, tmp_path) -> None:
-    writer = Writer(db)
+    writer = GadgetHistory(db.database_url)
     folder = tmp_path / "lake"
     env = _lake_env(db, str(folder), CHANGEFEED_BATCH="4")
     for round_ in range(4):  # four relay runs, three or four commits each
@@ -365,7 +335,7 @@ def test_a_batch_sent_again_after_only_changes_took_it_still_reaches_current(db,
     # The commit to `changes` went through, the one to `current` did not (the bucket went away
     # between the two): the relay sends the batch again, and `current` must get it although
     # `changes` already holds every event of it.
-    writer = Writer(db)
+    writer = GadgetHistory(db.database_url)
     writer.write([gadget_row(f"c{i:02d}", f"n{i}", "1.00") for i in range(4)])
     env = _lake_env(db, str(tmp_path / "lake"))
     assert run_scrapy(env, "feed", "run", "--sink", "lake", "--once").returncode == 0

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..runtime.secrets import redact
+from .spool import spool_path
 
 # A call that fails (connection refused, 5xx, 429) is retried until this has passed, then
 # raises: a bucket that stops answering fails the upload, and stops the archive loudly, within
@@ -69,9 +70,7 @@ class GcsStore:
         return f"{self.bucket}/{self.prefix}/{name}" if self.prefix else f"{self.bucket}/{name}"
 
     def local_path(self, name: str) -> str:
-        path = os.path.join(self.spool, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return path
+        return spool_path(self.spool, name)
 
     def publish(self, name: str) -> None:
         import pyarrow as pa

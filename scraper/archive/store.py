@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from ..runtime.secrets import redact
+from .spool import spool_path
 
 
 class Store(Protocol):
@@ -89,9 +90,7 @@ class S3Store:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def local_path(self, name: str) -> str:
-        path = os.path.join(self.spool, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return path
+        return spool_path(self.spool, name)
 
     def publish(self, name: str) -> None:
         path = os.path.join(self.spool, name)
