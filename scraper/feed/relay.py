@@ -104,10 +104,13 @@ class Relay:
         while not self._stop.is_set():
             try:
                 conn = psycopg2.connect(self.dsn)
-                conn.autocommit = True
-                with conn.cursor() as cur:
+                # One transaction under a lock: two relays (one per sink) starting together would
+                # otherwise race in CREATE TABLE IF NOT EXISTS, which Postgres does not serialise.
+                with conn, conn.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s, 0)", (position.LOCK_NAMESPACE,))
                     position.ensure(cur)
                     dead_letters.ensure(cur)
+                conn.autocommit = True
                 await self._lock(conn)
                 self._conn = conn
                 self._reader = position.Reader(conn, self.name)
