@@ -19,7 +19,9 @@ comparison it belongs to), so that successive runs can be compared.
   stand-in; the steady rate once every worker has joined, and the CPU used meanwhile.
 * P5: Redis bytes per queued and per leased request; a ``PRODUCTS`` (100,000) product crawl
   with the crawler's RSS every 10 s, and its growth after the first 10k pages.
-* upsert: our batched upsert against a plain COPY and the one-statement bulk upsert.
+* upsert: our batched upsert, without and with its history, against a plain COPY and the
+  one-statement bulk upsert (COPY to a staging table), without and with history; ``--batch``
+  sizes, ``--upsert-repeat`` times each in turn, ``--upsert-before`` an earlier upsert.py beside.
 * dupefilter: Redis memory per URL, set vs Bloom filter (see ``bench/dupefilter_memory.py``).
 * cluster: one Redis vs a local 3-master Redis Cluster: bytes per queued request, per seen URL
   and per lease, claims/s and pops/s with one and several client processes, Redis CPU per
@@ -74,7 +76,6 @@ from scrapy.settings import Settings  # noqa: E402
 
 from scraper import backends  # noqa: E402
 from scraper.queue import keys  # noqa: E402
-from scraper.storage.upsert import Row, TableUpserter  # noqa: E402
 
 # The bench site listens on loopback, which crawl nodes refuse to fetch unless allowed.
 os.environ.setdefault("FETCH_ALLOW_NETWORKS", "127.0.0.0/8")
@@ -416,7 +417,40 @@ def copy_line(values: list[Any]) -> str:
     )
 
 
-def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
+def _backend_cpu(conn: Any) -> float | None:
+    """CPU seconds of *conn*'s Postgres backend so far, when it runs on this machine."""
+    try:
+        fields = Path(f"/proc/{conn.get_backend_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load_upsert(path: Path) -> Any:
+    """An earlier upsert.py (``git show REV:scraper/storage/upsert.py``), importable beside ours."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scraper.storage._upsert_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def upsert_bench(
+    dsn: str, rows: int, batch: int, repeat: int = 1, before: Path | None = None
+) -> dict[str, dict[str, float]]:
+    """Rows/s of each way to write *rows* products, *repeat* times each way in turn (medians),
+    each into a table made anew: a plain COPY, the textbook bulk upsert (COPY to a staging
+    table, one INSERT … SELECT … ON CONFLICT for every row, with and without its history), and
+    ours in batches of *batch* rows, one transaction each, new rows then the same rows again
+    (unchanged): without history, and with it as the writer runs it (history kept in
+    ``item_changes`` in the same transaction). For ours, also CPU per row of this process and
+    of its Postgres backend; with *before*, an earlier upsert.py measured the same way."""
+    from scraper.storage import history
+    from scraper.storage import upsert as ours
+
     columns = {
         "source": "text",
         "sku": "text",
@@ -442,54 +476,118 @@ def upsert_bench(dsn: str, rows: int, batch: int) -> dict[str, float]:
     ]
     for d in data:
         d["price"] = d["price"].quantize(Decimal("0.01"))
-    conn = psycopg2.connect(dsn)
     cols_sql = ", ".join(f"{c} {t}" for c, t in columns.items())
-    with conn, conn.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS bench_copy, bench_reference, bench_upsert")
-        cur.execute(f"CREATE TABLE bench_copy ({cols_sql}, PRIMARY KEY (source, sku))")
-        cur.execute(f"CREATE TABLE bench_reference ({cols_sql}, PRIMARY KEY (source, sku))")
-        cur.execute(
-            f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
-            " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
-            " updated_at timestamptz NOT NULL DEFAULT now(), gone_at timestamptz, PRIMARY KEY (source, sku))"
-        )
     names = ", ".join(columns)
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in ("source", "sku"))
+    entry = "jsonb_build_object(" + ", ".join(f"'{c}', jsonb_build_array(NULL, m.{c})" for c in columns) + ")"
+    context = history.Context("bench", 1, "crawl")
+    conn = psycopg2.connect(dsn)
+
+    def fresh() -> None:
+        with conn, conn.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS bench_copy, bench_reference, bench_upsert, item_changes")
+            cur.execute(f"CREATE TABLE bench_copy ({cols_sql}, PRIMARY KEY (source, sku))")
+            cur.execute(f"CREATE TABLE bench_reference ({cols_sql}, PRIMARY KEY (source, sku))")
+            cur.execute(
+                f"CREATE TABLE bench_upsert ({cols_sql}, content_hash text NOT NULL,"
+                " first_seen timestamptz NOT NULL DEFAULT now(), last_seen timestamptz NOT NULL DEFAULT now(),"
+                " updated_at timestamptz NOT NULL DEFAULT now(), gone_at timestamptz, spider text,"
+                " PRIMARY KEY (source, sku))"
+            )
+            history.ensure(cur)
 
     def text() -> io.StringIO:
         return io.StringIO("".join(copy_line([d[c] for c in columns]) + "\n" for d in data))
 
-    # The bulk-load limit: one COPY of every row into an indexed table, no conflict handling.
-    started = time.monotonic()
-    with conn, conn.cursor() as cur:
-        cur.copy_expert(f"COPY bench_copy ({names}) FROM STDIN", text())
-    copy_rate = rows / (time.monotonic() - started)
-
-    # The textbook bulk upsert, in one statement for all rows.
-    started = time.monotonic()
-    with conn, conn.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE bench_stage (LIKE bench_reference) ON COMMIT DROP")
-        cur.copy_expert(f"COPY bench_stage ({names}) FROM STDIN", text())
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in ("source", "sku"))
-        cur.execute(
-            f"INSERT INTO bench_reference ({names}) SELECT {names} FROM bench_stage"
-            f" ON CONFLICT (source, sku) DO UPDATE SET {updates}"
-        )
-    reference_rate = rows / (time.monotonic() - started)
-
-    upserter = TableUpserter("bench_upsert", list(columns), ("source", "sku"), last_seen_resolution=3600)
-    prepared = [Row(key=(d["source"], d["sku"]), values=d) for d in data]
-
-    def run() -> float:
+    def copy() -> float:
+        # The bulk-load limit: one COPY of every row into an indexed table, no conflict handling.
+        fresh()
         started = time.monotonic()
-        for i in range(0, rows, batch):
-            with conn, conn.cursor() as cur:
-                upserter.write(cur, prepared[i : i + batch])
+        with conn, conn.cursor() as cur:
+            cur.copy_expert(f"COPY bench_copy ({names}) FROM STDIN", text())
         return rows / (time.monotonic() - started)
 
-    new_rate = run()
-    unchanged_rate = run()
+    def reference(with_history: bool) -> float:
+        # The textbook bulk upsert, in one statement for all rows; with history, the same
+        # statement also writes each insert's entry (its columns as [null, value]).
+        fresh()
+        started = time.monotonic()
+        with conn, conn.cursor() as cur:
+            cur.execute("CREATE TEMP TABLE bench_stage (LIKE bench_reference) ON COMMIT DROP")
+            cur.copy_expert(f"COPY bench_stage ({names}) FROM STDIN", text())
+            merge = (
+                f"INSERT INTO bench_reference ({names}) SELECT {names} FROM bench_stage"
+                f" ON CONFLICT (source, sku) DO UPDATE SET {updates}"
+            )
+            if with_history:
+                merge = (
+                    f"WITH m AS ({merge} RETURNING {names}, (xmax = 0) AS inserted)"
+                    " INSERT INTO item_changes (item_table, key, kind, reason, spider, run_id, changes)"
+                    f" SELECT 'bench_reference', jsonb_build_array(m.source, m.sku), 'insert', 'crawl', 'bench', 1,"
+                    f" {entry} FROM m WHERE m.inserted"
+                )
+            cur.execute(merge)
+        return rows / (time.monotonic() - started)
+
+    def batched(module: Any, with_history: bool) -> dict[str, float]:
+        # A connection of its own: each module version numbers its prepared statements anew.
+        nonlocal conn
+        conn.close()
+        conn = psycopg2.connect(dsn)
+        fresh()
+        upserter = module.TableUpserter(
+            "bench_upsert",
+            list(columns),
+            ("source", "sku"),
+            last_seen_resolution=3600,
+            spider="bench" if with_history else None,
+            track=with_history,
+            sql_history=with_history,
+        )
+        out = {}
+        for run in ("new", "unchanged"):
+            prepared = [module.Row(key=(d["source"], d["sku"]), values=d) for d in data]
+            cpu, backend, started = time.process_time(), _backend_cpu(conn), time.monotonic()
+            for i in range(0, rows, batch):
+                with conn, conn.cursor() as cur:
+                    result = upserter.write(cur, prepared[i : i + batch], context=context if with_history else None)
+                    if with_history and result.changes:
+                        history.record(cur, "bench_upsert", result.changes, context)
+            out[run] = rows / (time.monotonic() - started)
+            out[f"{run}_client_us"] = (time.process_time() - cpu) / rows * 1e6
+            after = _backend_cpu(conn)
+            if backend is not None and after is not None:
+                out[f"{run}_backend_us"] = (after - backend) / rows * 1e6
+        return out
+
+    ways: dict[str, Any] = {
+        "copy": copy,
+        "reference": lambda: reference(False),
+        "reference_history": lambda: reference(True),
+        "upsert": lambda: batched(ours, False),
+        "upsert_history": lambda: batched(ours, True),
+    }
+    if before is not None:
+        earlier = _load_upsert(before)
+        ways["before"] = lambda: batched(earlier, False)
+        ways["before_history"] = lambda: batched(earlier, True)
+    runs: dict[str, list[Any]] = {name: [] for name in ways}
+    for n in range(repeat):
+        # In turn, each first in one run or another: this machine's speed drifts within minutes.
+        order = list(ways) if n % 2 == 0 else list(reversed(ways))
+        for name in order:
+            runs[name].append(ways[name]())
     conn.close()
-    return {"copy": copy_rate, "reference": reference_rate, "upsert_new": new_rate, "upsert_unchanged": unchanged_rate}
+    out: dict[str, dict[str, float]] = {}
+    for name, measured in runs.items():
+        if isinstance(measured[0], dict):
+            out[name] = {
+                k: statistics.median(m[k] for m in measured) for k in measured[0] if all(k in m for m in measured)
+            }
+            out[name]["runs_new"] = [round(m["new"]) for m in measured]  # type: ignore[assignment]
+        else:
+            out[name] = {"rate": statistics.median(measured), "runs": [round(m) for m in measured]}  # type: ignore[dict-item]
+    return out
 
 
 PARTS = (
@@ -509,6 +607,57 @@ PARTS = (
 )
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
+
+
+def upsert_part(args: Any, res: Results, dsn: str) -> None:
+    for batch in args.batch:
+        print(
+            f"\nupserting {args.rows} rows in batches of {batch}, each way {args.upsert_repeat} times in turn ...",
+            flush=True,
+        )
+        up = upsert_bench(dsn, args.rows, batch, args.upsert_repeat, args.upsert_before)
+        copy, reference, with_history = up["copy"]["rate"], up["reference"]["rate"], up["reference_history"]["rate"]
+        print(f"{'plain COPY (bulk-load limit)':44}{copy:>10.0f} rows/s  runs {up['copy']['runs']}")
+        print(
+            f"{'COPY to staging + one INSERT..SELECT':44}{reference:>10.0f} rows/s  "
+            f"({reference / copy:.2f}x COPY)  runs {up['reference']['runs']}"
+        )
+        print(
+            f"{'the same, writing its history too':44}{with_history:>10.0f} rows/s  "
+            f"({with_history / copy:.2f}x COPY)  runs {up['reference_history']['runs']}"
+        )
+        res.add("upsert", f"COPY to staging + INSERT..SELECT, batches of {batch} / plain COPY", reference / copy, "x")
+        for way, label in (
+            ("upsert", "ours"),
+            ("upsert_history", "ours with history"),
+            ("before", "before"),
+            ("before_history", "before, with history"),
+        ):
+            if way not in up:
+                continue
+            figures = up[way]
+            for run in ("new", "unchanged"):
+                rate = figures[run]
+                cpu = f"  CPU/row {figures[f'{run}_client_us']:.1f} + {figures.get(f'{run}_backend_us', float('nan')):.1f} us"
+                print(
+                    f"{f'{label}, {run} rows':44}{rate:>10.0f} rows/s  ({rate / copy:.2f}x COPY, "
+                    f"{rate / reference:.2f}x the one-statement upsert, {rate / with_history:.2f}x with history)"
+                    + cpu
+                    + (f"  runs {figures['runs_new']}" if run == "new" else "")
+                )
+                detail = {
+                    "rows_per_s": round(rate),
+                    "batch": batch,
+                    "client_cpu_us_per_row": round(figures[f"{run}_client_us"], 2),
+                    "reference_rows_per_s": round(reference),
+                }
+                if f"{run}_backend_us" in figures:
+                    detail["backend_cpu_us_per_row"] = round(figures[f"{run}_backend_us"], 2)
+                name = "ours, same rows again (unchanged)" if run == "unchanged" else "ours, new rows"
+                name = name.replace("ours", label)
+                suffix = "" if batch == 1000 else f", batches of {batch}"
+                res.add("upsert", f"{name}{suffix} / plain COPY", rate / copy, "x", **detail)
+                res.add("upsert", f"{name}{suffix} / COPY-to-staging upsert", rate / reference, "x", **detail)
 
 
 def p1(args: Any, res: Results, redis_url: str, server: Any, dsn: str) -> None:
@@ -917,7 +1066,11 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3, help="P1 crawls per latency, to show the noise")
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1000], help="upsert batch sizes")
+    parser.add_argument("--upsert-repeat", type=int, default=1, help="each way of upserting, in turn (medians)")
+    parser.add_argument(
+        "--upsert-before", type=Path, help="an earlier scraper/storage/upsert.py, measured beside ours (same run)"
+    )
     parser.add_argument("--api-products", type=int, default=1000)
     parser.add_argument("--scale-products", type=int, default=1500)
     parser.add_argument("--scale-workers", type=int, nargs="+", default=[1, 4, 8])
@@ -1029,22 +1182,7 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
     if "p5" in args.only:
         p5(args, res, redis_url, dsn, server)
     if "upsert" in args.only:
-        print(f"\nupserting {args.rows} rows in batches of {args.batch} ...", flush=True)
-        up = upsert_bench(dsn, args.rows, args.batch)
-        print(f"{'plain COPY (bulk-load limit)':40}{up['copy']:>10.0f} rows/s")
-        print(
-            f"{'COPY to staging + one INSERT..SELECT':40}{up['reference']:>10.0f} rows/s  "
-            f"({up['reference'] / up['copy']:.2f}x COPY)"
-        )
-        for label, name in (
-            ("ours, new rows", "upsert_new"),
-            ("ours, same rows again (unchanged)", "upsert_unchanged"),
-        ):
-            print(
-                f"{label:40}{up[name]:>10.0f} rows/s  ({up[name] / up['copy']:.2f}x COPY, "
-                f"{up[name] / up['reference']:.2f}x the one-statement upsert)"
-            )
-            res.add("upsert", f"{label} / plain COPY", up[name] / up["copy"], "x", rows_per_s=round(up[name]))
+        upsert_part(args, res, dsn)
     if "decoupled" in args.only:
         decoupled_part(args, res, redis_url, server, dsn)
     if "reprocess" in args.only:
