@@ -1,10 +1,15 @@
 """Replay archived responses through today's callbacks and item pipeline, with no network.
 
 Used by ``scrapy reprocess`` (which sets ``ARCHIVE_REPLAY``): the command picks the records,
-:class:`ReplaySpiderMiddleware` turns them into the crawl's only requests (the spider's own
-``start`` is not called) and keeps the links the callbacks find from being fetched,
+:class:`ReplaySpiderMiddleware` hands them to the spider (the spider's own ``start`` is not
+called) and keeps the links the callbacks find from being fetched,
 :class:`ReplayDownloaderMiddleware` answers every request from the archive and refuses any
 other, and :class:`ReplayProgress` logs pages/s and an ETA.
+
+The records go straight to the engine's scraper (:mod:`.direct`, read in batches); with
+``crawler.replay_direct`` off they are the crawl's start requests instead, through Scrapy's
+scheduler and downloader, as replays were first made (the reference the direct path is tested
+against).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from scrapy.responsetypes import responsetypes
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task, threads
 
-from . import warc
+from .direct import LOADED_META, DirectReplay
+from .reader import parse_record
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -45,6 +51,12 @@ class Record:
     payload_length: int
     request: dict[str, Any]
     fingerprint: str
+
+
+_COLUMNS = (
+    "id, url, target_url, fetched_at, file, record_offset, record_length, payload_file, payload_offset,"
+    " payload_length, request, fingerprint"
+)
 
 
 def select_records(
@@ -69,8 +81,7 @@ def select_records(
         params.append(since)
     with conn, conn.cursor() as cur:
         cur.execute(
-            "SELECT DISTINCT ON (fingerprint) id, url, target_url, fetched_at, file, record_offset,"
-            " record_length, payload_file, payload_offset, payload_length, request, fingerprint FROM archive_index"
+            f"SELECT DISTINCT ON (fingerprint) {_COLUMNS} FROM archive_index"
             f" WHERE {' AND '.join(where)} ORDER BY fingerprint, fetched_at DESC, id DESC",
             params,
         )
@@ -82,12 +93,16 @@ def select_records(
     return sorted(records, key=lambda r: r.id)
 
 
+def records_by_id(conn: Any, ids: list[int]) -> list[Record]:
+    """The records *ids* name (a worker's share of a replay), in index order."""
+    with conn, conn.cursor() as cur:
+        cur.execute(f"SELECT {_COLUMNS} FROM archive_index WHERE id = ANY(%s) ORDER BY id", (ids,))
+        return [Record(*row) for row in cur.fetchall()]
+
+
 def load(store: Store, record: Record) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and body of *record*; a revisit's body comes from the record it points at."""
-    kind, status, headers, body = warc.read_record(store.read(record.file, record.record_offset, record.record_length))
-    if kind == "revisit":
-        _, _, _, body = warc.read_record(store.read(record.payload_file, record.payload_offset, record.payload_length))
-    return status, headers, body
+    return parse_record(store, record)
 
 
 def replay_request(record: Record, spider: Any) -> Request:
@@ -108,14 +123,43 @@ def replay_request(record: Record, spider: Any) -> Request:
 BAD_RECORDS_NAMED = 20  # unreadable records named one by one in the log; the rest are counted
 
 
+class Unreadable:
+    """Says which archive files and records a replay cannot read: each file once, the first
+    records one by one, the rest counted. One per replay: a replay split over processes sends
+    its workers' reports to the one in the command (:mod:`.workers`)."""
+
+    def __init__(self) -> None:
+        self.files: set[str] = set()
+        self.records = 0
+
+    def file(self, name: str, error: str) -> None:
+        if name in self.files:
+            return
+        self.files.add(name)
+        logger.warning(
+            "reprocess: cannot read %s from the archive (%s); its damaged records are skipped, every good one is "
+            "replayed",
+            name,
+            error,
+        )
+
+    def record(self, url: str, name: str, start: int, end: int) -> None:
+        self.records += 1
+        if self.records <= BAD_RECORDS_NAMED:
+            logger.warning("reprocess: skipped %s: its record at %s bytes %d-%d cannot be read", url, name, start, end)
+        elif self.records == BAD_RECORDS_NAMED + 1:
+            logger.warning(
+                "reprocess: more unreadable records: the rest are counted, not named (stat reprocess/unreadable)"
+            )
+
+
 class ReplayDownloaderMiddleware:
     """First of all downloader middlewares: no request ever reaches the network."""
 
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.store: Store = crawler.replay_store
-        self._unreadable: set[str] = set()  # files already reported
-        self._bad_records = 0
+        self.unreadable: Unreadable = getattr(crawler, "replay_unreadable", None) or Unreadable()
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ReplayDownloaderMiddleware:
@@ -129,31 +173,18 @@ class ReplayDownloaderMiddleware:
             self.crawler.stats.inc_value("reprocess/refused")
             raise IgnoreRequest(f"not in the archive being replayed: {request.url}")
         try:
-            status, headers, body = await maybe_deferred_to_future(threads.deferToThread(load, self.store, record))
+            # Read ahead in a batch by the direct replay; else here, alone.
+            loaded = request.meta.pop(LOADED_META, None)
+            if loaded is None:
+                loaded = await maybe_deferred_to_future(threads.deferToThread(load, self.store, record))
+            elif isinstance(loaded, Exception):
+                raise loaded
+            status, headers, body = loaded
         except Exception as exc:  # gone since the replay began (pruned), or damaged: skip the page
             self.crawler.stats.inc_value("reprocess/unreadable")
-            if record.file not in self._unreadable:
-                self._unreadable.add(record.file)
-                logger.warning(
-                    "reprocess: cannot read %s from the archive (%s: %s); its damaged records are "
-                    "skipped, every good one is replayed",
-                    record.file,
-                    type(exc).__name__,
-                    exc,
-                )
-            self._bad_records += 1
-            if self._bad_records <= BAD_RECORDS_NAMED:
-                logger.warning(
-                    "reprocess: skipped %s: its record at %s bytes %d-%d cannot be read",
-                    record.url,
-                    record.file,
-                    record.record_offset,
-                    record.record_offset + record.record_length,
-                )
-            elif self._bad_records == BAD_RECORDS_NAMED + 1:
-                logger.warning(
-                    "reprocess: more unreadable records: the rest are counted, not named (stat reprocess/unreadable)"
-                )
+            self.unreadable.file(record.file, f"{type(exc).__name__}: {exc}")
+            end = record.record_offset + record.record_length
+            self.unreadable.record(record.url, record.file, record.record_offset, end)
             raise IgnoreRequest(f"archive record unreadable: {record.url}") from None
         scrapy_headers = Headers()
         for name, value in headers:
@@ -183,6 +214,10 @@ class ReplaySpiderMiddleware:
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         spider = self.crawler.spider
+        if getattr(self.crawler, "replay_direct", True):
+            # The engine waits for its start requests until this returns: it stays open meanwhile.
+            await DirectReplay(self.crawler, self.records, lambda record: replay_request(record, spider)).run()
+            return
         for record in self.records:
             yield replay_request(record, spider)
 
@@ -206,12 +241,17 @@ class ReplaySpiderMiddleware:
 
 
 class ReplayProgress:
-    """One line every few seconds, and a last one: pages replayed, pages/s, ETA."""
+    """One line every few seconds, and a last one: pages replayed, pages/s, ETA. The last one's
+    rate is over the whole replay, from the spider's opening until every page's items are done.
+
+    In a worker of a replay split over processes (``crawler.replay_report``), the figures go to
+    the command instead, which says them for the whole replay."""
 
     def __init__(self, crawler: Any, interval: float = 5.0) -> None:
         self.crawler = crawler
         self.total = len(crawler.replay_records)
-        self.interval = interval
+        self.report = getattr(crawler, "replay_report", None)
+        self.interval = 1.0 if self.report is not None else interval
         self.started = time.monotonic()
         self.loop = task.LoopingCall(self.log)
 
@@ -226,22 +266,31 @@ class ReplayProgress:
 
     def opened(self) -> None:
         self.started = time.monotonic()
+        if self.report is not None:
+            self.report.send(opened=time.time())
         self.loop.start(self.interval, now=False)
 
     def closed(self) -> None:
         if self.loop.running:
             self.loop.stop()
+        if self.report is not None:
+            self.report.send(closed=time.time())
         self.log()
 
+    def done(self) -> int:
+        return int(self.crawler.stats.get_value("reprocess/pages", 0))
+
     def line(self) -> str:
-        done = self.crawler.stats.get_value("reprocess/pages", 0)
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = done / elapsed
-        eta = (self.total - done) / rate if rate else float("inf")
-        return (
-            f"reprocess: {done}/{self.total} pages, {rate:.0f} pages/s, "
-            f"ETA {'-' if eta == float('inf') else f'{eta:.0f} s'}"
-        )
+        return progress_line(self.done(), self.total, time.monotonic() - self.started)
 
     def log(self) -> None:
-        logger.info("%s", self.line())
+        if self.report is not None:
+            self.report.send(progress=self.done())
+        else:
+            logger.info("%s", self.line())
+
+
+def progress_line(done: int, total: int, elapsed: float) -> str:
+    rate = done / max(elapsed, 1e-6)
+    eta = (total - done) / rate if rate else float("inf")
+    return f"reprocess: {done}/{total} pages, {rate:.0f} pages/s, ETA {'-' if eta == float('inf') else f'{eta:.0f} s'}"
