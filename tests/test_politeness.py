@@ -630,12 +630,16 @@ def test_robots_crawl_delay_is_the_fleets_ceiling_and_requests_arrive_spaced(cle
     pages = arrivals[2:]
     span = pages[-1] - pages[0]
     assert (len(pages) - 1) / span <= (1 / delay) * 1.05, (len(pages), span)
-    # The spacing reaches the site: two requests arrive at least ~0.8/rate apart, whatever
-    # connections the two processes open (a request that left its process late on CI's busy
-    # cores may land close to the next one: a few of 40 gaps are allowed to).
-    gaps = [b - a for a, b in zip(pages, pages[1:])]
-    close = [round(g, 3) for g in gaps if g < 0.8 * delay]
-    assert len(close) <= max(2, 0.08 * len(gaps)), (close, len(gaps))
+    # The spacing reaches the site, whatever connections the two processes open: every four
+    # consecutive gaps span at least 0.7 of four delays. Measured over a window, not gap by gap:
+    # a request that left its process late on CI's busy cores lands close to the next one, but
+    # only shifts time between neighbouring gaps (a stall of more than a delay may still shorten
+    # the few windows around it); two nodes each keeping their own 5/s would put nearly every
+    # window of four gaps in 0.4 s.
+    window = 4
+    spans = [round(b - a, 3) for a, b in zip(pages, pages[window:])]
+    short = [s for s in spans if s < 0.7 * window * delay]
+    assert len(short) <= max(3, 0.1 * len(spans)), (short, len(spans))
 
 
 def test_through_the_api_the_targets_429s_slow_the_target_and_the_providers_do_not(clean) -> None:
