@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from support.crawls import ROOT, crawl, crawl_env, run_scrapy
+from support.crawls import ROOT, crawl, crawl_env, project_with_text_cleaner, run_scrapy
 
 from scraper.scraping_api.standin import StandIn
 
@@ -90,18 +89,7 @@ def test_reprocess_with_a_changed_cleaner_changes_only_affected_rows(clean, site
     served = site.stats()["total"]
 
     # Today's code: a cleaner that now writes "Kettle" as "Tea Kettle".
-    project = tmp_path / "project"
-    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "scrapy.cfg", project)
-    text = project / "scraper" / "cleaning" / "text.py"
-    source = text.read_text()
-    anchor = "    if raw is None or isinstance(raw, bool):\n        return None\n"
-    assert anchor in source
-    text.write_text(
-        source.replace(
-            anchor, anchor + '    if isinstance(raw, str):\n        raw = raw.replace("Kettle", "Tea Kettle")\n'
-        )
-    )
+    project = project_with_text_cleaner(tmp_path, 'raw = raw.replace("Kettle", "Tea Kettle")')
     env = crawl_env(clean, ARCHIVE_URL=archive, PYTHONPATH=str(project))
     result = reprocess(env, "--since", "2000-01-01", cwd=project)
     assert f"reprocess: {pages}/{pages} pages" in result.stderr

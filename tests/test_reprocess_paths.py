@@ -6,10 +6,9 @@ and Redis records."""
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
-from support.crawls import ROOT, crawl, crawl_env, run_scrapy
+from support.crawls import crawl, crawl_env, project_with_text_cleaner, run_scrapy
 
 from scraper.archive.reader import MAX_GAP, _stretches, load_batch
 from scraper.archive.workers import merge_stats, shares, worker_count
@@ -60,16 +59,7 @@ def test_the_direct_replay_in_one_and_in_two_processes_stores_what_the_engine_re
     served = site.stats()["total"]
 
     # Today's code extracts differently: rows change, and their history says "reprocess".
-    project = tmp_path / "project"
-    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "scrapy.cfg", project)
-    text = project / "scraper" / "cleaning" / "text.py"
-    anchor = "    if raw is None or isinstance(raw, bool):\n        return None\n"
-    source = text.read_text()
-    assert anchor in source
-    text.write_text(
-        source.replace(anchor, anchor + '    if isinstance(raw, str):\n        raw = raw.replace("e", "E")\n')
-    )
+    project = project_with_text_cleaner(tmp_path, 'raw = raw.replace("e", "E")')
     env = crawl_env(clean, ARCHIVE_URL=archive, PYTHONPATH=str(project))
     _snapshot(clean)
     redis_before = _redis_state(clean)

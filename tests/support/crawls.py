@@ -154,3 +154,17 @@ def assert_each_page_once(counts: dict[str, int], catalog: Catalog) -> None:
 def _no_canonical(catalog: Catalog, product_id: int) -> bool:
     product = catalog.product(product_id)
     return product is not None and product.kind == "empty"
+
+
+def project_with_text_cleaner(tmp_path: Path, line: str) -> Path:
+    """A copy of the project whose text cleaner runs *line* (Python, on ``raw``) on every string
+    first: "today's code" that extracts differently from the code that crawled."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "scraper", project / "scraper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "scrapy.cfg", project)
+    text = project / "scraper" / "cleaning" / "text.py"
+    source = text.read_text()
+    anchor = "    if raw is None or isinstance(raw, bool):\n        return None\n"
+    assert anchor in source, "the text cleaner changed: update this helper's anchor"
+    text.write_text(source.replace(anchor, f"{anchor}    if isinstance(raw, str):\n        {line}\n"))
+    return project
