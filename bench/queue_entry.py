@@ -129,6 +129,7 @@ def _memory(url: str, masters: list[str], count: int) -> dict[str, Any]:
             "memory_usage_per_request": (server.memory_usage(queue.key, samples=0) or 0) / count,
             "encoding": str(server.object("encoding", queue.key)),
             "sample": sample.decode("utf-8", "replace"),
+            **_as_list(server, nodes, queue.key),
         }
         for node in nodes:
             node.flushall()
@@ -203,6 +204,26 @@ def _run_child(tree: Path, part: str, stores: list[tuple[str, str, str]], count:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _as_list(server: Any, nodes: list[Any], key: str) -> dict[str, float]:
+    """The same entries in another layout: one Redis list (as one priority's list would hold
+    them), to show what a queue that is not one sorted-set member per request would cost. A
+    list packs its entries into listpack nodes, with no skiplist node, dict entry or bucket per
+    entry; what it gives up (a score per entry, members unique, removal by value) is what the
+    queue's scripts use today."""
+    entries = server.zrange(key, 0, -1)
+    for node in nodes:
+        node.flushall()
+    target = key + ":list"
+    before = sum(int(n.info("memory")["used_memory"]) for n in nodes)
+    for start in range(0, len(entries), 1000):
+        server.rpush(target, *entries[start : start + 1000])
+    after = sum(int(n.info("memory")["used_memory"]) for n in nodes)
+    return {
+        "list_used_memory_per_request": (after - before) / len(entries),
+        "list_memory_usage_per_request": (server.memory_usage(target, samples=0) or 0) / len(entries),
+    }
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "bench"))
     from cluster import cluster_store, plain_store
@@ -253,6 +274,11 @@ def _report(figures: dict[str, Any], stores: list[str]) -> None:
                     f"{m['used_memory_per_request']:6.1f} B, MEMORY USAGE {m['memory_usage_per_request']:6.1f} B "
                     f"({m['encoding']})"
                 )
+                if "list_used_memory_per_request" in m:
+                    print(
+                        f"  {name:5} {store:17} the same entries in one list: used_memory "
+                        f"{m['list_used_memory_per_request']:6.1f} B, MEMORY USAGE {m['list_memory_usage_per_request']:6.1f} B"
+                    )
             c = got["cpu"].get(kind)
             if c is None:
                 continue
