@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scrapy import Request, Spider
@@ -175,3 +176,19 @@ def test_what_the_compact_form_cannot_hold_exactly_is_written_in_the_full_form()
     # A request dict of someone else's with a "$" key of its own never reads as compact.
     for data in ({"url": "u", "$": "not a callback"}, {"url": "u", "meta": {"$": 1}}):
         assert serializer.loads(serializer.dumps(data)) == data
+
+
+def test_requests_rebuilt_share_one_bound_method_per_callback() -> None:
+    """Scrapy caches its check of a callback's source weakly by the callable: requests rebuilt
+    from the queue hand it one object per callback, which the cache keeps, not one per request."""
+    spider = _Spider()
+    stored = [request_to_dict(Request(f"https://example.com/{i}", callback=spider.parse, errback=spider.failed), spider, {}) for i in range(3)]  # fmt: skip
+    back = [request_from_dict(serializer.loads(serializer.dumps(d)), spider) for d in stored]
+    assert back[0].callback is back[1].callback is back[2].callback
+    assert back[0].errback is back[2].errback
+    assert back[0].callback == spider.parse and back[0].errback == spider.failed
+    # Another spider object's requests get its own methods.
+    other = _Spider()
+    assert request_from_dict(serializer.loads(serializer.dumps(stored[0])), other).callback.__self__ is other
+    with pytest.raises(ValueError, match="has no method"):
+        request_from_dict({**stored[0], "callback": "missing"}, spider)

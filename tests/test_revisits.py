@@ -334,3 +334,31 @@ def scrapy_request(url: str):
     from scrapy import Request
 
     return Request(url)
+
+
+def test_a_pages_item_digest_is_the_one_earlier_versions_stored() -> None:
+    """The digest of a page's items is compared with the one stored by earlier runs: the fast
+    path for plain values must give the bytes ItemAdapter's copy gave, and a nested value
+    still goes through ItemAdapter."""
+    import json
+
+    from itemadapter import ItemAdapter
+
+    from scraper.items.product import ProductItem
+    from scraper.revisit.due import _item_bytes
+
+    def reference(item: ProductItem) -> bytes:
+        fields = ItemAdapter(item).asdict()
+        return json.dumps([type(item).__name__, fields], sort_keys=True, default=str).encode("utf-8")
+
+    plain = ProductItem(
+        source="demo", sku="DS-1", title=" Kettle ", price="224,98 €", currency="EUR",
+        description=["A kettle.", "Steel."], released_at=None, image=3, availability=True,
+    )  # fmt: skip
+    nested = ProductItem(source="demo", sku="DS-2", title={"text": "Kettle", "parts": [ProductItem(sku="x")]})
+    odd = ProductItem(
+        source="demo", sku="DS-3", title=("a", "b"), price=Decimal("1.50"), released_at=datetime(2024, 1, 2)
+    )
+    for item in (plain, nested, odd):
+        assert _item_bytes(item) == reference(item)
+    assert _item_bytes(plain) != _item_bytes(odd)

@@ -52,8 +52,25 @@ LINKS_AT_ONCE = 1000  # links of one page whose states are read by one query (a 
 SEED_CHECK = 100  # due pages queued between two looks at the shared queue's depth, at most
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, _SCALARS) or (
+        type(value) is list and all(isinstance(v, _SCALARS) for v in value)  # noqa: E721
+    )
+
+
 def _item_bytes(item: Any) -> bytes:
-    fields = ItemAdapter(item).asdict()
+    # The page's content digest, as stored: the same bytes for the same item whatever the path.
+    # A stored item's values are plain as yielded (text, numbers, lists of text): its values
+    # dict is then what ItemAdapter.asdict() rebuilds by checking every value for a nested item
+    # (~10 checks a value: 45 µs of an item against 7 µs, measured on the demo's product).
+    values = getattr(item, "_values", None)
+    if isinstance(item, StoredItem) and all(_plain(v) for v in values.values()):
+        fields = dict(values)
+    else:
+        fields = ItemAdapter(item).asdict()
     return json.dumps([type(item).__name__, fields], sort_keys=True, default=str).encode("utf-8")
 
 
