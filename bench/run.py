@@ -34,6 +34,9 @@ comparison it belongs to), so that successive runs can be compared.
 * page_states: a revisit run's time to its first request and peak RSS against the pages its
   spider knows (synthetic rows, 10k and 1M by default), beside an earlier checkout's
   (``--page-states-before``; see ``bench/page_states.py``).
+* frontier_scale: Redis bytes per queued request and per seen URL (set, Bloom filter), and a
+  crawl node's start, peak RSS and pages/s, against the URLs queued in its frontier (generated,
+  10k and 1M by default; see ``bench/frontier_scale.py``).
 
 Redis: a redis-server of the bench's own when this machine has one (so that its CPU is the
 crawl's alone), else REDIS_URL (database 7) or the embedded one. Postgres: DATABASE_URL or the
@@ -604,6 +607,7 @@ PARTS = (
     "politeness",
     "recrawl",
     "page_states",
+    "frontier_scale",
 )
 #: Parts that bring their own Redis (or use only it) and need no Postgres.
 REDIS_ONLY = {"dupefilter", "cluster"}
@@ -1061,6 +1065,25 @@ def page_states_part(args: Any, res: Results, dsn: str) -> None:
             res.add(cmp, f"{what}, {sizes[-1]:,} / {sizes[0]:,} pages known", growth, "x")
 
 
+def frontier_scale_part(args: Any, res: Results, dsn: str) -> None:
+    import frontier_scale  # bench/frontier_scale.py
+
+    sizes = [int(n) for n in args.frontier_scale_sizes.split(",")]
+    print(f"\nthe frontier at {', '.join(f'{n:,}' for n in sizes)} queued URLs ...", flush=True)
+    r = frontier_scale.measure(dsn, sizes, args.frontier_scale_pages, repeat=args.repeat)
+    print(frontier_scale.table(r), flush=True)
+    cmp = "the shared frontier against the URLs queued"
+    for row in r["rows"]:
+        size, m = f"{row['size']:,} queued", row["memory"]
+        res.add(cmp, f"{size}: Redis used_memory per queued request", m["used_memory_per_request"], "B")
+        res.add(cmp, f"{size}: Redis used_memory per seen URL, set", m["set_used_memory_per_seen"], "B")
+        res.add(cmp, f"{size}: Redis MEMORY USAGE per seen URL, bloom", m["bloom_memory_usage_per_seen"], "B")
+        for backend, n in row["nodes"].items():
+            res.add(cmp, f"{size}, {backend}: node's time to first request", n["first_request_s"], "s")
+            res.add(cmp, f"{size}, {backend}: node's peak RSS", n["hwm_bytes"] / 2**20, "MB")
+            res.add(cmp, f"{size}, {backend}: node's pages/s", n["pages_per_s"], "pages/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--products", type=int, default=5000)
@@ -1100,6 +1123,8 @@ def main() -> None:
     parser.add_argument("--page-states-sizes", default="10000,1000000", help="pages known, ascending")
     parser.add_argument("--page-states-before", type=Path, help="a checkout of an earlier commit, run side by side")
     parser.add_argument("--page-states-before-max", type=int, default=1_000_000, help="its largest size (its RSS)")
+    parser.add_argument("--frontier-scale-sizes", default="10000,1000000", help="URLs queued, ascending")
+    parser.add_argument("--frontier-scale-pages", type=int, default=1000, help="pages each crawl node fetches")
     parser.add_argument("--only", choices=PARTS, nargs="+", default=list(PARTS), help="run these parts alone")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
@@ -1173,6 +1198,8 @@ def run_parts(args: Any, res: Results, redis_url: str, server: Any, dsn: str) ->
         recrawl_part(args, res, redis_url, server, dsn)
     if "page_states" in args.only:
         page_states_part(args, res, dsn)
+    if "frontier_scale" in args.only:
+        frontier_scale_part(args, res, dsn)
     if "politeness" in args.only:
         politeness_part(args, res, redis_url, server, dsn)
     if "redelivery" in args.only:
