@@ -9,6 +9,9 @@ RUN pip install --no-cache-dir -r requirements.txt scrapyd==1.6.0
 COPY scrapy.cfg ./
 COPY scrapyd.conf /etc/scrapyd/scrapyd.conf
 COPY scraper ./scraper
+# Bytecode made once here: with PYTHONDONTWRITEBYTECODE every process would compile the
+# project's modules again at its start (~0.1 s of CPU per `scrapy` command).
+RUN python -m compileall -q scraper
 # uid 1000: docker-compose.yml gives the shared metrics-targets volume to this user.
 RUN useradd --create-home --uid 1000 crawler \
  && mkdir -p /app/.data /var/lib/scrapyd/eggs /var/lib/scrapyd/dbs /var/log/scrapyd /var/lib/scraper/metrics-targets \

@@ -86,7 +86,7 @@ def script_usec(server: Any) -> tuple[int, int]:
     return int(stats.get("calls", 0)), int(stats.get("usec", 0))
 
 
-def measure(server: Any, store: Any, key: str, urls: list[str]) -> dict[str, float]:
+def measure(server: Any, store: Any, keys: list[str], urls: list[str]) -> dict[str, float]:
     memory_before, dataset_before = used_memory(server)
     calls_before, usec_before = script_usec(server)
     started = time.perf_counter()
@@ -99,7 +99,7 @@ def measure(server: Any, store: Any, key: str, urls: list[str]) -> dict[str, flo
         "seconds": seconds,
         "inserts_per_s": len(urls) / seconds,
         "server_usec_per_claim": (usec - usec_before) / max(1, calls - calls_before),
-        "memory_usage_bytes": int(server.memory_usage(key, samples=0) or 0),
+        "memory_usage_bytes": sum(int(server.memory_usage(key, samples=0) or 0) for key in keys),
         "used_memory_delta": memory - memory_before,
         "dataset_delta": dataset - dataset_before,
     }
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     url, embedded = bench_redis()
     server = redis.Redis.from_url(url)
-    keys = [SET_KEY, BLOOM_KEY, f"{BLOOM_KEY}:params"]
+    bloom = BloomFilter.for_capacity(n, p)
+    keys = [SET_KEY, *bloom.slice_keys(BLOOM_KEY), f"{BLOOM_KEY}:params"]
     server.delete(*keys)
     version = server.info("server")["redis_version"]
     print(
@@ -125,17 +126,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     urls = fingerprints(n, "seen")
     try:
         print("set: claiming ...", flush=True)
-        as_set = measure(server, SeenSet(server, SET_KEY), SET_KEY, urls)
+        as_set = measure(server, SeenSet(server, SET_KEY), [SET_KEY], urls)
         server.delete(SET_KEY)
 
-        bloom = BloomFilter.for_capacity(n, p)
-        print(f"bloom (m={bloom.bits:,} bits, k={bloom.hashes}): claiming ...", flush=True)
+        print(f"bloom (m={bloom.bits:,} bits, k={bloom.hashes}, {bloom.slices} slice(s)): claiming ...", flush=True)
         store = BloomSeen(server, BLOOM_KEY, bloom)
-        as_bloom = measure(server, store, BLOOM_KEY, urls)
+        as_bloom = measure(server, store, bloom.slice_keys(BLOOM_KEY), urls)
         estimated = store.size()
 
         print("bloom: measuring false positives ...", flush=True)
-        bits = server.get(BLOOM_KEY).ljust(bloom.bytes, b"\0")
+        # The slices end to end are the filter's bits in order (each full slice a whole number of bytes).
+        bits = b"".join(
+            (server.get(key) or b"").ljust(size // 8, b"\0")
+            for key, size in zip(bloom.slice_keys(BLOOM_KEY), bloom.slice_sizes())
+        ).ljust(bloom.bytes, b"\0")
         fresh = fingerprints(args.fresh or n, "fresh")
         false_positives = sum(all(bits[q >> 3] >> (7 - (q & 7)) & 1 for q in bloom.positions(fp)) for fp in fresh)
     finally:

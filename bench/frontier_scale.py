@@ -242,21 +242,25 @@ def _used(server: Any) -> int:
     return int(server.info("memory")["used_memory"])
 
 
-def memory(servers: dict[str, Any], bases: dict[str, int], claimed: int) -> dict[str, Any]:
-    """Bytes per queued request and per seen URL on both frontiers (*claimed*: URLs claimed)."""
+def memory(servers: dict[str, Any], bases: dict[str, int], claimed: int, bloom_keys: list[str]) -> dict[str, Any]:
+    """Bytes per queued request and per seen URL on both frontiers (*claimed*: URLs claimed;
+    *bloom_keys*: the Bloom filter's slices)."""
     from scraper.queue import keys
+    from scraper.queue.lists import Lists, index_key, list_key
 
     out: dict[str, Any] = {"claimed": claimed}
     for backend, server in servers.items():
         seen_key = keys.bloom_key(SPIDER) if backend == "bloom" else keys.dupefilter_key(SPIDER)
-        queued = int(server.zcard(keys.queue_key(SPIDER)))
+        seen_keys = bloom_keys if backend == "bloom" else [seen_key]
+        queue = Lists(server)
+        first = server.zrange(index_key(keys.queue_key(SPIDER)), 0, 0)
         out[backend] = {
-            "queued": queued,
+            "queued": int(queue.length(keys.queue_key(SPIDER))),
             "used_memory": _used(server) - bases[backend],
-            "queue_memory_usage": int(server.memory_usage(keys.queue_key(SPIDER), samples=0) or 0),
-            "seen_memory_usage": int(server.memory_usage(seen_key, samples=0) or 0),
+            "queue_memory_usage": queue.memory_usage(keys.queue_key(SPIDER)),
+            "seen_memory_usage": sum(int(server.memory_usage(k, samples=0) or 0) for k in seen_keys),
             "seen_count": int(server.scard(seen_key)) if backend == "set" else claimed,
-            "encoding": _text(server.object("encoding", keys.queue_key(SPIDER))),
+            "encoding": _text(server.object("encoding", list_key(keys.queue_key(SPIDER), first[0])) if first else None),
         }
     bloom, plain = out["bloom"], out["set"]
     # The Bloom filter was allocated before the first URL: what grew in its Redis is the queue.
@@ -325,12 +329,17 @@ def measure(
         servers = {b: redis.Redis.from_url(u) for b, u in urls.items()}
         bases = {b: _used(s) for b, s in servers.items()}
         with ProductSite() as site:
-            _open_bloom(urls["bloom"], capacity)
+            bloom_keys = _open_bloom(urls["bloom"], capacity)
             bases["bloom"] = _used(servers["bloom"])  # the filter, allocated whole, is its base
             known = 0
             for size in sizes:
                 seconds = fill(urls, site.origin, known, size, capacity, workers)
-                row = {"size": size, "added": size - known, "fill_s": seconds, "memory": memory(servers, bases, size)}
+                row = {
+                    "size": size,
+                    "added": size - known,
+                    "fill_s": seconds,
+                    "memory": memory(servers, bases, size, bloom_keys),
+                }
                 known = size
                 _print_memory(row)
                 if known == sizes[0]:
@@ -347,14 +356,17 @@ def measure(
     return {"pages_per_crawl": pages, "repeat": repeat, "workers": workers, "capacity": capacity, "rows": rows}
 
 
-def _open_bloom(url: str, capacity: int) -> None:
+def _open_bloom(url: str, capacity: int) -> list[str]:
+    """Open the crawl's Bloom filter (allocated whole) and return the keys of its slices."""
     from scrapy.settings import Settings
 
     from scraper.backends.redis_client import get_redis
     from scraper.queue.dupefilter import make_stores
 
     settings = Settings({"DUPEFILTER_BACKEND": "bloom", "DUPEFILTER_BLOOM_CAPACITY": capacity})
-    make_stores(get_redis(url), SPIDER, settings)[0].generation()  # opens it: allocated whole
+    store = make_stores(get_redis(url), SPIDER, settings)[0]
+    store.generation()  # opens it, in the shape stored
+    return store.bloom.slice_keys(store.base)
 
 
 def _crawls(

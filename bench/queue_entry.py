@@ -119,17 +119,25 @@ def _memory(url: str, masters: list[str], count: int) -> dict[str, Any]:
         before = sum(int(n.info("memory")["used_memory"]) for n in nodes)
         _stage_all(queue, requests)
         after = sum(int(n.info("memory")["used_memory"]) for n in nodes)
-        queued = server.zcard(queue.key)
+        lists = getattr(queue, "lists", None)  # None: a checkout of the sorted-set queue (--base)
+        if lists is None:
+            queued, sample = server.zcard(queue.key), server.zrange(queue.key, 0, 0)[0]
+            usage, encoding = server.memory_usage(queue.key, samples=0) or 0, server.object("encoding", queue.key)
+        else:
+            from scraper.queue.lists import index_key, list_key
+
+            first = server.zrange(index_key(queue.key), 0, 0)[0]
+            queued, sample = int(lists.length(queue.key)), lists.peek(queue.key, 1)[1][0]
+            usage, encoding = lists.memory_usage(queue.key), server.object("encoding", list_key(queue.key, first))
         if queued != count:
             raise SystemExit(f"{queued} of {count} requests queued")
-        sample = server.zrange(queue.key, 0, 0)[0]
         out[kind] = {
             "entry_bytes": sum(len(queue._encode_request(r)) for r in requests[:1000]) / min(count, 1000),
             "used_memory_per_request": (after - before) / count,
-            "memory_usage_per_request": (server.memory_usage(queue.key, samples=0) or 0) / count,
-            "encoding": str(server.object("encoding", queue.key)),
+            "memory_usage_per_request": usage / count,
+            "encoding": str(encoding),
             "sample": sample.decode("utf-8", "replace"),
-            **_as_list(server, nodes, queue.key),
+            **(_as_list(server, nodes, queue.key) if lists is None else {}),
         }
         for node in nodes:
             node.flushall()

@@ -17,6 +17,7 @@ from pathlib import Path
 import boto3
 import pytest
 from support.crawls import ROOT, crawl, crawl_env, project_with_text_cleaner, run_scrapy
+from support.queue import queue_depth
 
 from scraper.scraping_api.standin import StandIn
 
@@ -192,19 +193,19 @@ def test_reprocess_follow_queues_only_links_the_crawl_has_not_seen(clean, site, 
     )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     server = clean.redis()
-    waiting = server.zcard("{demo}:requests")
+    waiting = queue_depth(server, "{demo}:requests")
     assert waiting > 0
     env = crawl_env(clean, ARCHIVE_URL=archive)
     first = reprocess(env, "--follow")
     line = next(line for line in first.stderr.splitlines() if "new link(s) queued" in line)
     assert line.startswith("reprocess: 0 new link(s) queued") and "already seen by the crawl" in line, line
-    assert server.zcard("{demo}:requests") == waiting
+    assert queue_depth(server, "{demo}:requests") == waiting
 
     server.flushdb()  # the run and its seen-set gone: every unarchived link is new again
     second = reprocess(env, "--follow")
     line = next(line for line in second.stderr.splitlines() if "new link(s) queued" in line)
     queued = int(line.split("reprocess: ")[1].split(" ")[0])
-    assert queued > 0 and server.zcard("{demo}:requests") == queued, line
+    assert queued > 0 and queue_depth(server, "{demo}:requests") == queued, line
 
 
 def test_reprocess_replays_the_archive_it_is_given_and_names_pages_held_elsewhere(clean, site, tmp_path) -> None:

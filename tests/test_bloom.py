@@ -16,12 +16,13 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 from support.crawls import crawl, crawl_env, run_scrapy
 from support.errors import check_one_line_error
+from support.queue import queue_depth, queue_entries
 
 from scraper.config import ConfigError
 from scraper.demo_site import Catalog, DemoSite
 from scraper.node.scheduler import SharedScheduler
 from scraper.queue import signing
-from scraper.queue.bloom import MAX_BITS, BloomFilter, BloomSeen
+from scraper.queue.bloom import MAX_BITS, SLICE_BITS, BloomFilter, BloomSeen
 from scraper.queue.dupefilter import SharedDupeFilter, make_store, seen_config, seen_size
 from scraper.queue.generations import Generations
 from scraper.queue.leases import Leases
@@ -142,7 +143,7 @@ def test_two_nodes_queue_a_link_once(connect, backend: str) -> None:
     a, b = Node(connect(), settings_for(backend)), Node(connect(), settings_for(backend))
     assert a.offer("http://shop.test/1", "http://shop.test/2", "http://shop.test/1") == (2, 0)
     assert b.offer("http://shop.test/2", "http://shop.test/3") == (1, 1)
-    assert a.queue.server.zcard(a.queue.key) == 3
+    assert queue_depth(a.queue.server, a.queue.key) == 3
     # request_seen, Scrapy's own entry point, answers from the same state.
     c = Node(connect(), settings_for(backend))
     assert c.df.request_seen(scrapy.Request("http://shop.test/3"))
@@ -161,7 +162,7 @@ def test_a_big_flush_queues_exactly_the_links_no_node_had(connect, backend: str)
         a.queue.stage(request, a.df, a.df.seen_locally(request)[1])
     a.queue.stage(scrapy.Request("http://shop.test/again", dont_filter=True))
     assert a.queue.flush_staged() == (151, 150)
-    queued = [json.loads(signing.unwrap(m))["url"] for m in a.queue.server.zrange(a.queue.key, 0, -1)]
+    queued = [json.loads(signing.unwrap(m))["url"] for m in queue_entries(a.queue.server, a.queue.key)]
     assert sorted(queued) == sorted([f"http://shop.test/{i}" for i in range(300)] + ["http://shop.test/again"])
     assert b.offer("http://shop.test/1", "http://shop.test/301") == (1, 1)
 
@@ -276,7 +277,7 @@ def test_custom_request_fingerprinter_is_honoured(clean, connect) -> None:
     assert second.enqueue_request(scrapy.Request("http://shop.test/p?a=3"))  # staged, then refused by Redis
     second.flush_staged()
     assert second.stats.get_value("dupefilter/filtered_shared") == 1
-    assert connect().zcard(f"{{{SPIDER}}}:requests") == 1
+    assert queue_depth(connect(), f"{{{SPIDER}}}:requests") == 1
     assert connect().exists(f"{{{SPIDER}}}:bloom") and not connect().exists(f"{{{SPIDER}}}:dupefilter")
     for instance in (first, second):
         instance.close("shutdown")
@@ -289,7 +290,7 @@ def test_an_expired_lease_is_redelivered_past_the_filter(connect) -> None:
     [(_lease, _score, _data)] = leases.take(1)
     time.sleep(0.2)
     assert leases.reap() == (1, 0)
-    assert node.server.zcard(node.queue.key) == 1
+    assert queue_depth(node.server, node.queue.key) == 1
     other = Node(connect(), settings_for("bloom"))
     assert other.offer("http://shop.test/leased") == (0, 1)  # still seen: only a redelivery gets past
 
@@ -344,3 +345,80 @@ def test_bad_dupefilter_settings_fail_at_start_with_one_line(clean) -> None:
     )
     for shards in ("0", "many", "5000"):
         check_one_line_error(run_scrapy(crawl_env(clean, SCHEDULER_SHARDS=shards), "crawl", "demo"), "SCHEDULER_SHARDS")
+
+
+# --- slices -----------------------------------------------------------------------------------
+def test_a_filter_beyond_a_slice_is_kept_in_slices_each_filling_an_allocator_class(connect) -> None:
+    server = connect()
+    bloom = BloomFilter.for_capacity(1_000_000, 0.001)  # 1,797,199 bytes: a full slice and a part
+    base = f"{{{SPIDER}}}:bloom"
+    store = BloomSeen(server, base, bloom)
+    assert bloom.slice_keys(base) == [base, f"{base}#1"]
+    store.generation()  # opened: allocated whole
+    assert [server.strlen(k) for k in bloom.slice_keys(base)] == [SLICE_BITS // 8, bloom.bytes - SLICE_BITS // 8]
+    assert server.hget(f"{base}:params", "layout") == b"blake2b128-edh-sliced"
+    # Each slice takes one block of its allocator class, not the next class up: a full slice (its
+    # bytes, the string's header and terminator) is one 1 MiB block; the filter as a whole wastes
+    # no more than the last slice's rounding.
+    assert server.memory_usage(base, samples=0) <= 2**20 + 128
+    total = sum(server.memory_usage(k, samples=0) for k in store.keys())
+    assert total / bloom.capacity <= 1.05 * bloom.bytes_per_url, total
+
+    inserted = fingerprints(30_000, 11)
+    assert store.add_many(inserted, chunk=5000) == len(inserted)  # 3% of capacity: no collision
+    assert store.add_many(inserted[::7]) == 0  # every one remembered, whichever slice holds its bits
+    # Bits landed in both slices in proportion to their sizes, none past a slice's end.
+    ones = [server.bitcount(k) for k in bloom.slice_keys(base)]
+    sizes = bloom.slice_sizes()
+    assert ones[0] / sizes[0] == pytest.approx(ones[1] / sizes[1], rel=0.1), ones
+    assert [server.strlen(k) for k in bloom.slice_keys(base)] == [SLICE_BITS // 8, bloom.bytes - SLICE_BITS // 8]
+    fresh = fingerprints(20_000, 12)
+    assert store.add_many(fresh, chunk=5000) == len(fresh)
+    assert store.size() == pytest.approx(len(inserted) + len(fresh), rel=0.03)
+    store.SAMPLE_BYTES = 64 * 1024  # sampled: a stretch of each slice
+    assert store.size() == pytest.approx(len(inserted) + len(fresh), rel=0.15)
+
+    store.clear()
+    assert not [k for k in server.scan_iter(match=f"{base}*")]
+
+
+def test_every_slice_of_a_generation_expires_with_it(connect) -> None:
+    server = connect()
+    store = make_store(
+        server, SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="1000000", DUPEFILTER_EXPIRY="600")
+    )
+    assert store.add_many(fingerprints(100, 13)) == 100
+    keys = [k for k in store.keys() if not k.endswith(":params")]
+    assert len(keys) == 2 * 2  # two slices of the current generation and of the one before
+    live = [k for k in keys if server.exists(k)]
+    assert len(live) == 2 and all(0 < server.pttl(k) <= 600_000 for k in live), live
+    assert 0 < server.pttl(f"{{{SPIDER}}}:bloom:params") <= 600_000
+
+
+def test_a_filter_made_before_slicing_is_read_as_one_key(connect) -> None:
+    server = connect()
+    base = f"{{{SPIDER}}}:bloom"
+    old = BloomFilter.for_capacity(1_000_000, 0.001)
+    server.hset(
+        f"{base}:params",
+        mapping={
+            "bits": old.bits,
+            "hashes": old.hashes,
+            "capacity": old.capacity,
+            "error_rate": repr(old.error_rate),
+            "expiry": "0.0",
+            "layout": "blake2b128-edh",
+        },
+    )
+    # Its bits as that version set them: each position in the one string.
+    seen = fingerprints(2000, 14)
+    pipe = server.pipeline(transaction=False)
+    for fp in seen:
+        for position in old.positions(fp):
+            pipe.setbit(base, position, 1)
+    pipe.execute()
+    store = make_store(server, SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="1000000"))
+    assert store.add_many(seen) == 0  # remembered
+    assert store.add_many(fingerprints(2000, 15)) == 2000
+    assert store.bloom.slices == 1 and not server.exists(f"{base}#1")
+    assert server.strlen(base) == old.bytes

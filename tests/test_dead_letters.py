@@ -9,6 +9,7 @@ import socket
 import redis
 import scrapy
 from support.crawls import crawl_env, project_with_spider, run_scrapy
+from support.queue import queue_depth
 
 from scraper.demo_site import Catalog, DemoSite
 
@@ -63,7 +64,7 @@ def test_poison_and_unreachable_requests_become_dead_letters(clean, tmp_path) ->
 
     requeued = run_scrapy(env, "dlq", "requeue", "poison", "--reason", "callback", cwd=project)
     assert f"requeued {len(callback)} dead letter(s) for 'poison'; 1 left" in requeued.stdout
-    assert clean.redis().zcard("{poison}:requests") == len(callback)
+    assert queue_depth(clean.redis(), "{poison}:requests") == len(callback)
     # The rest of the site was crawled and stored: one bad page does not stop a crawl.
     stored = {r[0] for r in clean.query("SELECT sku FROM products")}
     assert stored == {p.sku for p in catalog.valid_products()} - {poisoned.sku}
@@ -99,11 +100,11 @@ def test_a_dead_letter_redis_cannot_take_is_delivered_again(clean, tmp_path) -> 
         server.start()
         client = redis.Redis.from_url(server.url)
         scheduler.keeper.tend()  # not acknowledged: the lease is still there
-        assert client.zcard("{demo}:lease_deadlines") == 1 and client.zcard("{demo}:requests") == 0
+        assert client.zcard("{demo}:lease_deadlines") == 1 and queue_depth(client, "{demo}:requests") == 0
 
         def reaped() -> bool:
             scheduler.keeper.tend()  # never renewed: it runs out and is reaped into the queue
-            return client.zcard("{demo}:requests") == 1
+            return queue_depth(client, "{demo}:requests") == 1
 
         wait_for(reaped, timeout=20, step=0.2)
         assert client.llen("{demo}:dead") == 0

@@ -17,6 +17,7 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 from support.crawls import ROOT, assert_each_product_stored_or_rejected_once, crawl_env, project_with_spider, scrapy_cmd
 from support.processes import wait_for
+from support.queue import queue_depth
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.processing import entry
@@ -61,7 +62,7 @@ def assert_all_done(clean, spider: str = "demo") -> None:
     stream = f"{{{spider}}}:responses"
     assert redis.xlen(stream) == 0
     assert redis.xpending(stream, GROUP)["pending"] == 0
-    assert redis.zcard(f"{{{spider}}}:requests") == 0
+    assert queue_depth(redis, f"{{{spider}}}:requests") == 0
     assert redis.zcard(f"{{{spider}}}:lease_deadlines") == 0 and redis.hlen(f"{{{spider}}}:leased") == 0
     assert redis.llen(f"{{{spider}}}:dead") == 0
 

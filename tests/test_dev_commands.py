@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from support.crawls import ROOT, crawl_env, run_scrapy, run_scrapy_many
+from support.queue import queue_depth
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
@@ -69,7 +70,9 @@ def test_developer_commands_work_and_leave_shared_state_untouched(clean, tmp_pat
         server = clean.redis()
         server.hset("{demo}:nodes", "other-host:4242:abcdef", time.time())
         (targets / "other-host-4242-9411.json").write_text('[{"targets": ["other-host:9411"]}]')
-        assert server.zcard("{demo}:requests") > 0 and server.exists("{demo}:dupefilter", "{demo}:items:seen") == 2
+        assert (
+            queue_depth(server, "{demo}:requests") > 0 and server.exists("{demo}:dupefilter", "{demo}:items:seen") == 2
+        )
         before = redis_snapshot(server), folder_snapshot(targets), tables_snapshot(clean)
         assert before[2]["products"], "the stopped crawl stored some rows"
         hits_before = site.stats()["total"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import scrapy
 from support.crawls import assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy
+from support.queue import queue_put
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import keys, signing
@@ -21,7 +22,7 @@ def plant(redis, *urls: str, dont_filter: bool = True) -> None:
     """Push queue entries as someone holding Redis access and the fleet secret could."""
     for url in urls:
         entry = scrapy.Request(url, dont_filter=dont_filter).to_dict()
-        redis.zadd(keys.queue_key("demo"), {signing.current().sign(dumps(entry)): -1e12})
+        queue_put(redis, keys.queue_key("demo"), {signing.current().sign(dumps(entry)): -1e12})
 
 
 def test_planted_entries_are_not_fetched_and_become_dead_letters(clean) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from support.crawls import crawl_env, project_with_spider, run_scrapy
+from support.queue import queue_depth
 
 from scraper.demo_site import Catalog, DemoSite
 
@@ -37,7 +38,7 @@ def test_seed_refuses_what_is_not_a_url(clean, tmp_path) -> None:
     bad.write_text("http://ok.example/\nnot a url\n")
     result = run_scrapy(crawl_env(clean), "seed", "demo", str(bad))
     assert result.returncode != 0 and "bad.txt:2: not a URL" in result.stderr
-    assert clean.redis().zcard("{demo}:requests") == 0  # all or nothing
+    assert queue_depth(clean.redis(), "{demo}:requests") == 0  # all or nothing
 
 
 def test_migrate_is_idempotent_and_adds_new_columns(clean) -> None:

@@ -6,6 +6,7 @@ import json
 import socket
 
 from support.crawls import crawl_env, run_scrapy, run_scrapy_many
+from support.queue import queue_entries
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.queue import signing
@@ -49,7 +50,7 @@ def test_seeds_are_seen_and_dead_letters_are_one_per_request(clean) -> None:
         first = run_scrapy(env, *crawl_args)
         hits = site.stats()["requests"]
         requeued = run_scrapy(env, "dlq", "requeue", "demo", "--all")
-        back = [json.loads(signing.unwrap(m)) for m in clean.redis().zrange("{demo}:requests", 0, -1)]
+        back = [json.loads(signing.unwrap(m)) for m in queue_entries(clean.redis(), "{demo}:requests")]
         second = run_scrapy(env, *crawl_args)
     relisted = run_scrapy(env, "dlq", "list", "demo")
     shown = run_scrapy(env, "dlq", "show", "demo", "0")

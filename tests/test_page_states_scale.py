@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg2
 from support.crawls import ROOT, crawl_env, run_scrapy, scrapy_cmd
+from support.queue import queue_depth
 from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
@@ -55,7 +56,7 @@ def test_a_node_knowing_200k_pages_starts_as_one_knowing_1k_and_fetches_only_the
             queue, server = keys.queue_key("demo"), clean.redis()
 
             def watch() -> None:
-                depth[0] = max(depth[0], server.zcard(queue))
+                depth[0] = max(depth[0], queue_depth(server, queue))
 
             found = node_start(
                 scrapy_cmd("crawl", "demo", "--due"),
@@ -82,10 +83,13 @@ def test_a_node_knowing_200k_pages_starts_as_one_knowing_1k_and_fetches_only_the
         large = revisit(list(range(7, 180_000, 600)), 25)
     # Seeded all at once, the 310 due pages would have been queued together.
     assert large["queue_depth"] <= 150, large["queue_depth"]
-    # Read whole, the 199k more pages took ~280 MB and seconds of CPU more before the first
-    # request (measured on this code's parent). CPU time, not wall time: the machine may be busy.
+    # Read whole, the 199k more pages took ~280 MB and ~3.4 s of CPU more before the first
+    # request (17 us a page, measured on this code's parent). CPU time, not wall time: the machine
+    # may be busy; a busy machine still stretches a process's CPU time (caches and cores shared:
+    # 1.53 -> 2.17 s for the same start seen under CI's load), hence a share of the start's own
+    # besides the fixed margin, still far below the 3.4 s it guards against.
     assert large["hwm_at_first_request_bytes"] <= small["hwm_at_first_request_bytes"] + 25 * MB, (small, large)
-    assert large["cpu_at_first_request_s"] <= small["cpu_at_first_request_s"] + 0.5, (small, large)
+    assert large["cpu_at_first_request_s"] <= 1.25 * small["cpu_at_first_request_s"] + 0.5, (small, large)
 
 
 def test_the_due_set_is_read_in_keyset_pages_each_due_page_once_across_ties(clean) -> None:

@@ -368,11 +368,12 @@ def test_two_processes_share_one_rate(clean) -> None:
     span = arrivals[-1] - arrivals[0]
     assert (len(arrivals) - 1) / span <= rate * 1.03, (len(arrivals), span)
     # Turns are 1/rate apart by the Redis clock, so any 1-second window [t, t+1) holds `rate` of
-    # them; a request that leaves its process late (a busy reactor on 2 shared cores) can land
-    # next to the following one, hence one more is allowed. Without the limit a window holds
-    # dozens.
+    # them; a request that leaves its process late (a busy reactor on 2 shared cores) moves a
+    # window's start later and lets it reach turns beyond: one more per 1/rate of lateness. Up
+    # to 0.4 s late is allowed (7 in a window was seen once in CI's full suite, never alone);
+    # the span above holds the rate itself. Without the limit a window holds dozens.
     busiest = max(bisect.bisect_left(arrivals, t + 1.0) - i for i, t in enumerate(arrivals))
-    assert busiest <= rate + 1, busiest
+    assert busiest <= rate + round(0.4 * rate), busiest
 
 
 def test_two_processes_share_one_concurrency_limit(clean) -> None:

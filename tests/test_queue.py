@@ -6,6 +6,7 @@ import json
 
 import pytest
 import scrapy
+from support.queue import queue_entries, queue_put
 
 from scraper.backends.redis_client import get_redis
 from scraper.queue import serializer, signing
@@ -38,7 +39,7 @@ def test_request_round_trips_through_redis_as_json(queue) -> None:
         priority=5,
     )
     queue.push(request)
-    raw = queue.server.zrange(queue.key, 0, 0)[0]
+    raw = queue_entries(queue.server, queue.key)[0]
     assert raw.startswith(signing.PREFIX)  # signed with the fleet secret
     json.loads(signing.unwrap(raw))  # plain JSON on the wire, never pickle
     assert not raw.startswith(b"\x80")
@@ -77,7 +78,7 @@ def test_foreign_request_class_is_refused(queue) -> None:
 
 
 def test_corrupt_entry_is_set_aside_not_lost(queue) -> None:
-    queue.server.zadd(queue.key, {b"\x80\x04garbage": 0})
+    queue_put(queue.server, queue.key, {b"\x80\x04garbage": 0})
     queue.push(scrapy.Request("http://127.0.0.1/ok"))
     popped = [queue.pop(), queue.pop()]
     assert [r.url for r in popped if r] == ["http://127.0.0.1/ok"]
@@ -138,7 +139,7 @@ def test_scrapys_own_meta_values_and_no_callback_round_trip(queue) -> None:
             meta={"handle_httpstatus_list": SequenceExclude(range(300, 400))},
         )
     )
-    json.loads(signing.unwrap(queue.server.zrange(queue.key, 0, 0)[0]))
+    json.loads(signing.unwrap(queue_entries(queue.server, queue.key)[0]))
     got = queue.pop()
     assert got.callback is NO_CALLBACK
     statuses = got.meta["handle_httpstatus_list"]
@@ -160,7 +161,7 @@ def test_a_request_taken_back_by_the_process_that_queued_it_is_the_object_itself
     queue.stage(mine)
     queue.stage(theirs)
     assert queue.flush_staged() == (2, 0)
-    for raw in queue.server.zrange(queue.key, 0, -1):
+    for raw in queue_entries(queue.server, queue.key):
         json.loads(signing.unwrap(raw))
     queue.leases = Leases(queue.server, "queue_test", queue.key, "{queue_test}:dead", ttl=30, owner="A")
     got = queue.pop()
@@ -202,7 +203,7 @@ def test_a_queued_entry_is_short_signed_json(queue) -> None:
     url = "http://shop.example.com/c/kitchen-dining/p/0000001-xxxxxxxxxxxxxx.html"
     assert len(url) == 70
     queue.push(scrapy.Request(url, callback=queue.spider.parse_item))
-    raw = queue.server.zrange(queue.key, 0, 0)[0]
+    raw = queue_entries(queue.server, queue.key)[0]
     assert raw.startswith(b"h2") and signing.unwrap(raw) == raw[24:]
     assert json.loads(signing.unwrap(raw)) == {"url": url, "$": "parse_item"}
     # Nothing else: 121 bytes, 179 in the format before (a 43-character tag, every field named).
@@ -213,7 +214,7 @@ def test_a_queued_entry_is_short_signed_json(queue) -> None:
 def test_entries_of_the_previous_format_are_still_verified_and_read(queue) -> None:
     queue.signer = signing.Signer("the-new-secret-0123456789", OLD_SECRET)  # rotated meanwhile, too
     tampered = OLD_ENTRIES[0].replace(b"/p/1.html", b"/p/2.html")
-    queue.server.zadd(queue.key, {OLD_ENTRIES[0]: 1, OLD_ENTRIES[1]: 2, tampered: 3})
+    queue_put(queue.server, queue.key, {OLD_ENTRIES[0]: 1, OLD_ENTRIES[1]: 2, tampered: 3})
     first, second, forged = queue.pop(), queue.pop(), queue.pop()
     assert first.url == "http://shop.test/c/audio/p/1.html" and first.callback == queue.spider.parse_item
     assert first.headers.getlist("Referer") == [b"http://shop.test/c/audio/"] and first.meta == {"depth": 2}

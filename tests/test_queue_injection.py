@@ -9,6 +9,7 @@ import pytest
 import scrapy
 from scrapy.settings import Settings
 from support.crawls import crawl_env, run_scrapy
+from support.queue import queue_depth, queue_put
 
 from scraper.backends.redis_client import get_redis
 from scraper.config import ConfigError
@@ -62,8 +63,8 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
             )
         )
         redis = get_redis(clean.redis_url)
-        redis.zadd("{demo}:requests", {plain: 0})
-        redis.zadd("{demo}:requests", {signing.Signer("not-the-fleet-secret").sign(plain): 0})
+        queue_put(redis, "{demo}:requests", {plain: 0})
+        queue_put(redis, "{demo}:requests", {signing.Signer("not-the-fleet-secret").sign(plain): 0})
         result = run_scrapy(env, "crawl", "demo")
         internal_hits = sum(internal.stats()["requests"].values())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -81,7 +82,7 @@ def test_injected_entries_for_internal_addresses_and_files_are_not_fetched(clean
     # Not requeueable as is: a requeue would give them the fleet's signature.
     requeued = run_scrapy(env, "dlq", "requeue", "demo", "--reason", "unsigned")
     assert requeued.returncode == 0, requeued.stderr
-    assert clean.redis().zcard("{demo}:requests") == 0
+    assert queue_depth(clean.redis(), "{demo}:requests") == 0
     assert len([line for line in _letters(env) if "unsigned" in line]) == 2
     assert any(secret_file.as_uri() in line for line in scheme)
     # Nothing planted: the rows are the shop's, and no reject carries the file's content.

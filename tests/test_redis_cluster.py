@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from support.crawls import Services, assert_each_product_stored_or_rejected_once, crawl_env, run_scrapy, run_scrapy_many
 from support.processes import start_crawl, wait_for
+from support.queue import queue_depth
 from support.redis_cluster import LocalCluster
 
 from scraper.demo_site import Catalog, DemoSite
@@ -101,26 +102,29 @@ def test_a_sharded_frontier_spreads_one_spider_over_every_master(on_cluster: Ser
     ):
         sites = (one, two, three)
         assert sorted(shards.of_url(site.url) for site in sites) == [0, 1, 2]
-        # The Bloom backend here (the set one in the other tests): one filter per shard.
+        # The Bloom backend here (the set one in the other tests): one filter per shard, each of
+        # two slices (a third of the capacity each: a million URLs at 0.1 %), in its shard's slot.
         env = crawl_env(
             on_cluster,
             DEMO_SITE_URL=one.url,
             CONCURRENT_REQUESTS="8",
             SCHEDULER_SHARDS="3",
             DUPEFILTER_BACKEND="bloom",
-            DUPEFILTER_BLOOM_CAPACITY="30000",
+            DUPEFILTER_BLOOM_CAPACITY="3000000",
         )
         seeded = run_scrapy(env, "seed", "demo", two.url, three.url)
         assert seeded.returncode == 0 and "queued 2 start URL(s)" in seeded.stdout, seeded.stderr[-2000:]
         workers = [start_crawl(env) for _ in range(2)]
         # While they crawl, each master holds one shard: its queue, leases and seen-set.
         spread = wait_for(lambda: _shards_on_masters(cluster, shards), timeout=60, step=0.1)
+        sliced = [k for names in cluster.keys_by_master().values() for k in names if k.endswith(b":bloom#1")]
         logs = [w.communicate(timeout=240)[1] for w in workers]
         counts = [site.stats()["requests"] for site in sites]
     for worker, log in zip(workers, logs):
         assert worker.returncode == 0, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
     assert len(spread) == 3, spread
+    assert len(sliced) == 3, sliced  # each shard's filter in two slices
     for requests in counts:
         pages = {p: n for p, n in requests.items() if p != "/robots.txt"}
         assert sorted(pages) == sorted(catalog.pages()) and max(pages.values()) == 1
@@ -154,7 +158,7 @@ def test_keys_of_an_earlier_version_are_renamed_once(clean: Services) -> None:
     server.hset("demo:nodes", "old", 1)
 
     assert keys.migrate_legacy(server, "demo") == 3
-    assert server.zcard("{demo}:requests") == 1 and server.hget("{demo}:run", "id") == b"4"
+    assert queue_depth(server, "{demo}:requests") == 1 and server.hget("{demo}:run", "id") == b"4"
     assert server.smembers("{demo}:dupefilter:19") == {b"fp"}
     assert server.exists("demo_other:requests") and server.hgetall("{demo}:nodes") == {b"n": b"1"}
     assert server.exists("demo:nodes")
@@ -229,7 +233,7 @@ def test_a_run_keeps_its_shard_count_and_takes_in_unsharded_requests(clean: Serv
         seeded = run_scrapy(crawl_env(clean, SCHEDULER_SHARDS="3"), "seed", "demo", site.url + "?again=1")
         assert seeded.returncode == 0, seeded.stderr[-2000:]
         server.hset("{demo}:run", mapping={"id": 2, "state": "stopped", "shards": 3})
-        assert server.zcard("{demo}:requests") == 0  # in a shard, not in the unsharded queue
+        assert queue_depth(server, "{demo}:requests") == 0  # in a shard, not in the unsharded queue
         second = run_scrapy(crawl_env(clean, DEMO_SITE_URL=site.url), "crawl", "demo")
     assert second.returncode == 0, second.stderr[-3000:]
     assert (

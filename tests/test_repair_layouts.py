@@ -155,7 +155,7 @@ def test_a_partial_rollout_gets_a_rule_per_template_though_a_node_is_killed_whil
         assert prices(clean.query) == good
 
         active = [r for r in repairs(clean.query) if r[1] == "active"]
-        assert len(active) == 1, repairs(clean.query)
+        assert len(active) == 1, (repairs(clean.query), logs[1][-6000:])
         rules = active[0][2]
         # One rule per template where no one rule reads both (the old template reads as it did).
         assert len(rules) == 2 and any("'Price'" in r for r in rules), rules

@@ -9,7 +9,7 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest
 
 from scraper.queue import serializer
-from scraper.queue.requests import request_from_dict, request_to_dict
+from scraper.queue.requests import request_from_dict, request_to_dict, share_callback
 
 
 class _Spider(Spider):
@@ -192,3 +192,16 @@ def test_requests_rebuilt_share_one_bound_method_per_callback() -> None:
     assert request_from_dict(serializer.loads(serializer.dumps(stored[0])), other).callback.__self__ is other
     with pytest.raises(ValueError, match="has no method"):
         request_from_dict({**stored[0], "callback": "missing"}, spider)
+
+
+def test_a_request_handed_back_as_it_is_calls_the_shared_bound_method_too() -> None:
+    spider = _Spider()
+    kept = [Request(f"https://example.com/{i}", callback=spider.parse, errback=spider.failed) for i in range(2)]
+    rebuilt = request_from_dict(request_to_dict(kept[0], spider, {}), spider)
+    back = [share_callback(r, spider) for r in kept]
+    assert back[0].callback is back[1].callback is rebuilt.callback
+    assert back[0].callback == spider.parse and back[0].errback == spider.failed
+    # Another spider's method, a plain function or no callback: left as they are.
+    other, func = _Spider(), lambda response: None
+    for callback in (other.parse, func, None):
+        assert share_callback(Request("https://example.com/", callback=callback), spider).callback is callback

@@ -10,6 +10,7 @@ import time
 import psycopg2
 from scrapy.settings import Settings
 from support.crawls import ROOT, crawl, crawl_env, run_scrapy, scrapy_cmd
+from support.queue import queue_depth
 
 from scraper import backends
 from scraper.demo_site import Catalog, DemoSite
@@ -29,7 +30,7 @@ def test_stopped_crawl_resumes_where_it_left_off(clean, catalog: Catalog) -> Non
         _out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
         assert "Spider closed (shutdown)" in err
-        queued = clean.redis().zcard("{demo}:requests")
+        queued = queue_depth(clean.redis(), "{demo}:requests")
         assert queued > 0, "the stop came too late to leave work in the queue"
         stored_first = clean.query("SELECT count(*) FROM products")[0][0]
         assert stored_first < len(catalog.valid_products())

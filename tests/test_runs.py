@@ -18,6 +18,7 @@ from support.crawls import (
     scrapy_cmd,
 )
 from support.processes import start_crawl, wait_for
+from support.queue import queue_depth
 from support.stats import stat
 
 from scraper.demo_site import Catalog, DemoSite
@@ -136,7 +137,7 @@ def test_ctrl_c_at_each_stage_then_run_again(clean, tmp_path: Path) -> None:
             first.proc.send_signal(signal.SIGINT)
             log = first.finish()
             assert first.proc.returncode == 0 and "Spider closed (shutdown)" in log, log[-3000:]
-            queued = clean.redis().zcard("{demo}:requests")
+            queued = queue_depth(clean.redis(), "{demo}:requests")
             fetched_first = {p for p, n in site.stats()["requests"].items() if p != "/robots.txt"}
             site.reset_stats()
             second = rerun(env)

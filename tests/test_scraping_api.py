@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from support.crawls import ROOT, run_scrapy, scrapy_cmd
+from support.queue import queue_depth
 from support.scraping_api import KEY, api_env
 
 from scraper.demo_site import Catalog, DemoSite
@@ -299,7 +300,7 @@ def test_four_workers_share_one_budget(clean, api) -> None:
         sum(1 for _, err in outputs if stat(type("R", (), {"stderr": err})(), "finish_reason") == "scraping_api_budget")
         >= 1
     )
-    assert clean.redis().zcard("{demo}:requests") > 0  # the rest of the run waits in the queue
+    assert queue_depth(clean.redis(), "{demo}:requests") > 0  # the rest of the run waits in the queue
 
 
 def test_a_domain_escalated_by_one_worker_is_escalated_for_all(clean, api) -> None:

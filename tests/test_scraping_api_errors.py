@@ -29,6 +29,7 @@ from support.crawls import (
     run_scrapy,
     scrapy_cmd,
 )
+from support.queue import queue_depth, queue_put
 
 from scraper.demo_site import Catalog, DemoSite
 from scraper.scraping_api.standin import StandIn
@@ -223,7 +224,7 @@ def run_phases(
         assert stopped.returncode == 5, stopped.stderr[-3000:]  # stopped, not finished
         assert stat(stopped.stderr, "finish_reason") == reason
         assert "requests left in the shared queue" in stopped.stderr
-        assert services.redis().zcard("{demo}:requests") > 0  # the queue is kept for the next run
+        assert queue_depth(services.redis(), "{demo}:requests") > 0  # the queue is kept for the next run
         assert dead_letters(services) == {}  # a stop is not the page's fault
         assert_key_nowhere(services, stopped.stdout, stopped.stderr)
 
@@ -344,7 +345,7 @@ def test_api_calls_left_by_an_earlier_version_are_deleted_never_sent_or_shown(cl
     data = serializer.dumps(call)
     r = clean.redis()
     r.rpush("{demo}:dead", entry("http 503", 3, call["url"], data))
-    r.zadd("{demo}:requests", {data: 0})
+    queue_put(r, "{demo}:requests", {data: 0})
     env = env_for(clean, shop, api.url, "alterlab")
     listing = run_scrapy(env, "dlq", "list", "demo")
     assert listing.returncode == 0, listing.stderr

@@ -11,6 +11,8 @@ import signal
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.crawls import (
     assert_each_product_stored_or_rejected_once,
     crawl,
@@ -135,6 +137,37 @@ def test_the_identity_fingerprint_is_scrapys_of_the_identity_url() -> None:
             request = Request(url, method=method, body=body)
             expected = scrapys.fingerprint(Request(identity, method=method, body=body))
             assert ours.fingerprint(request) == expected == ours.fingerprint(request), (url, method)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base=st.sampled_from(["https://s.test/", "http://bücher.example/", "https://s.test/c/a/", "http://S.test:8080/"]),
+    path=st.one_of(
+        st.text(alphabet="ab/?=&#% .", max_size=10),
+        st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+        st.sampled_from(["p/1.html?gclid=3", "p/1.html?utm_source=x&b=2&a=1#f", "p/%41%zz", "p/ä?q=é"]),
+    ),
+    same=st.booleans(),
+    verbatim=st.booleans(),
+    method=st.sampled_from(["GET", "POST"]),
+)
+def test_a_urls_fingerprint_is_that_of_a_get_request_for_it(
+    base: str, path: str, same: bool, verbatim: bool, method: str
+) -> None:
+    from scrapy import Request
+
+    from scraper.identity.fingerprint import IdentityFingerprinter
+
+    ours = IdentityFingerprinter()
+    ours.aliases.learn("https://s.test/c/a/p/1.html", "https://s.test/p/1.html")
+    url = base + path
+    # The page's own request, for the URL or another; fingerprinted first, as the dupefilter does.
+    own = Request(url if same else base, method=method, meta={"verbatim_url": True} if verbatim else None)
+    ours.fingerprint(own)
+    if same and not verbatim:
+        url = own.url  # the page's canonical link, as escaped as its request's URL
+    expected = ours.fingerprint(Request(url))
+    assert ours.url_fingerprint(url, own) == expected == ours.url_fingerprint(url)
 
 
 def product_fetches(site: DemoSite) -> Counter[int]:

@@ -121,9 +121,12 @@ class Command(ScrapyCommand):
             score = score_for(opts.priority)
             # Claimed, and queued if new, in one atomic step, as the scheduler does with links.
             shard = frontier.of_url(url)
-            stores[shard].push_if_new(pipe, fingerprinter.fingerprint(request).hex(), queue.keys[shard], score, data)
-            if opts.force:
-                pipe.zadd(queue.keys[shard], {data: score})  # the same entry if the claim queued it
+            fingerprint = fingerprinter.fingerprint(request).hex()
+            if opts.force:  # claimed (so that no link queues it again), and queued whatever the claim said
+                stores[shard].add_to(pipe, fingerprint)
+                queue.lists.push(queue.keys[shard], [(data, score)], client=pipe)
+            else:
+                stores[shard].push_if_new(pipe, fingerprint, queue.keys[shard], score, data)
             chunk.append(url)
             if done % 1000 == 0:
                 send()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -45,10 +46,25 @@ _LINK = re.compile(rb"<link\b[^>]*?\brel\s*=\s*[\"']?canonical\b[^>]*>", re.IGNO
 _HREF = re.compile(rb"\bhref\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'>]+))", re.IGNORECASE)
 
 
+# The last page's answer: this middleware and the page-state recorder both ask for each page's
+# link (~80k instructions a page, mostly URL parsing); a response's URL and body never change.
+_last: tuple[weakref.ref[Any], str | None] | None = None
+
+
 def canonical_link(response: Any) -> str | None:
     """The absolute URL of *response*'s same-host canonical link, or None."""
+    global _last
     if not isinstance(response, TextResponse):
         return None
+    last = _last
+    if last is not None and last[0]() is response:
+        return last[1]
+    found = _canonical_link(response)
+    _last = (weakref.ref(response), found)
+    return found
+
+
+def _canonical_link(response: TextResponse) -> str | None:
     head = response.body[:_HEAD]
     if b"canonical" not in head and b"CANONICAL" not in head:
         return None

@@ -16,7 +16,7 @@ from weakref import WeakKeyDictionary
 
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
-from w3lib.url import canonicalize_url
+from w3lib.url import canonicalize_url, safe_url_string
 
 from .aliases import Aliases
 from .policy import UrlPolicy, policy_for
@@ -61,6 +61,25 @@ class IdentityFingerprinter:
         if found is None:
             found = self._cache[request] = scrapy_fingerprint(request.method, url, request.body)
         return found
+
+    def url_fingerprint(self, url: str, request: Request | None = None) -> bytes:
+        """:meth:`fingerprint` of ``Request(url)`` (a GET without a body), without building the
+        request; *request*: one that may already be for *url* (a page whose canonical link is
+        its own URL), whose fingerprint Scrapy has cached since the link was queued."""
+        if (
+            request is not None
+            and url == request.url
+            and request.method == "GET"
+            and not request.body
+            and not request.meta.get("verbatim_url")
+            and self.identity(url) == url
+        ):
+            # A Request's URL is escaped already (escaping it again changes nothing), and is its
+            # own identity: Scrapy's fingerprint of it, as for Request(url).
+            return self._default.fingerprint(request)
+        # The URL as Request escapes it (its default encoding); the fingerprint is then Scrapy's
+        # of its identity, whether or not that is the URL itself.
+        return scrapy_fingerprint("GET", self.identity(safe_url_string(url, "utf-8")), None)
 
 
 def scrapy_fingerprint(method: str, url: str, body: bytes | None) -> bytes:

@@ -13,8 +13,15 @@ fingerprint. Hashing it again costs a microsecond and makes the positions unifor
 One script checks the k bits and, if any is 0, sets them all and queues the request:
 atomically, so two nodes that meet the same link queue it once.
 
-The filter is one Redis string, at most 512 MB (2^32 bits): about 298 million URLs at 0.1%.
-A capacity that needs more fails at start, naming the setting; shard by spider instead.
+The filter is at most 2^32 bits (512 MB): about 298 million URLs at 0.1%. A capacity that
+needs more fails at start, naming the setting; shard by spider instead. It is kept in slices of
+a little under 1 MiB (``<key>``, ``<key>#1``, ``<key>#2``...), each its own Redis string: Redis'
+allocator hands a string a block of one of its size classes, a quarter apart between powers of
+two, so one 18 MB string (10 million URLs at 0.1%) took a 20 MiB block, 2.10 bytes a URL; slices
+sized to a class waste only the last one's rounding (1.80 bytes a URL). A position's slice is
+its bit number over the slice's size, computed by the scripts; the slices share the key's hash
+tag, so they live in its slot on a cluster. A filter of one slice is the key alone, as filters
+made before slicing are (their shape has no ``slice_bits``: one slice of all the bits).
 The filter is allocated whole when a node opens it (and when a new generation starts), so its
 memory is taken at start, not as the crawl goes.
 
@@ -35,12 +42,19 @@ from typing import Any
 
 from ..backends.redis_client import register_script
 from ..config import ConfigError, get_float, get_int
+from . import lists
 from .generations import GenerationalClaims, Generations
 
 logger = logging.getLogger(__name__)
 
 MAX_BITS = 2**32  # SETBIT's largest offset + 1: a Redis string holds at most 512 MB
 LAYOUT = "blake2b128-edh"  # how positions are derived; stored with the filter
+# The same positions kept in slices: a name of its own, so that a node of a version before
+# slicing refuses such a filter by name instead of reading it as one key.
+SLICED_LAYOUT = "blake2b128-edh-sliced"
+# A slice's bytes: a string's block is its bytes + its header (9 at this length) + 1, so a slice
+# of 1 MiB - 16 bytes fills jemalloc's 1 MiB class (the size classes of Redis' default allocator).
+SLICE_BITS = (2**20 - 16) * 8
 DEFAULT_CAPACITY = 10_000_000
 DEFAULT_ERROR_RATE = 0.001
 
@@ -53,6 +67,7 @@ class BloomFilter:
     error_rate: float
     bits: int
     hashes: int
+    slice_bits: int = SLICE_BITS
 
     @classmethod
     def for_capacity(cls, capacity: int, error_rate: float) -> BloomFilter:
@@ -63,6 +78,19 @@ class BloomFilter:
         bits = math.ceil(-capacity * math.log(error_rate) / math.log(2) ** 2)
         hashes = max(1, round(bits / capacity * math.log(2)))
         return cls(capacity, error_rate, bits, hashes)
+
+    @property
+    def slices(self) -> int:
+        return -(-self.bits // self.slice_bits)
+
+    def slice_keys(self, key: str) -> list[str]:
+        """The keys of the filter at *key*, slice 0 first."""
+        return [key] + [f"{key}#{i}" for i in range(1, self.slices)]
+
+    def slice_sizes(self) -> list[int]:
+        """Bits in each slice."""
+        full, rest = divmod(self.bits, self.slice_bits)
+        return [self.slice_bits] * full + ([rest] if rest else [])
 
     @classmethod
     def from_settings(cls, settings: Any) -> BloomFilter:
@@ -123,25 +151,38 @@ class BloomFilter:
 # KEYS: current filter, previous filter (the same key without expiry), parameters, [queue].
 # ARGV: expire-at in unix ms (0: never), score, request ('' without a queue), bit positions
 # packed as little-endian uint32 (one argument instead of k: the client's encoding of many
-# small arguments costs more than the script).
-_CLAIM = """
-local positions = {struct.unpack('<' .. string.rep('I4', #ARGV[4] / 4), ARGV[4])}
-positions[#positions] = nil  -- unpack's last value is the offset after the data
+# small arguments costs more than the script), bits per slice.
+_CLAIM = (
+    lists.PUSH_LUA
+    + """
+local p = {struct.unpack('<' .. string.rep('I4', #ARGV[4] / 4), ARGV[4])}
+p[#p] = nil  -- the offset after the data
+local per, sl = tonumber(ARGV[5]), {}
+for j, q in ipairs(p) do
+  local i = math.floor(q / per)
+  sl[j], p[j] = i > 0 and '#' .. i, q - i * per
+end
 local function holds(key)
-  for _, position in ipairs(positions) do
-    if redis.call('GETBIT', key, position) == 0 then return false end
+  for j, q in ipairs(p) do
+    if redis.call('GETBIT', sl[j] and key .. sl[j] or key, q) == 0 then return false end
   end
   return true
 end
 if holds(KEYS[1]) or (KEYS[2] ~= KEYS[1] and holds(KEYS[2])) then return 0 end
-for _, position in ipairs(positions) do redis.call('SETBIT', KEYS[1], position, 1) end
-if ARGV[1] ~= '0' then
-  redis.call('PEXPIREAT', KEYS[1], ARGV[1])
-  redis.call('PEXPIREAT', KEYS[3], ARGV[1])
+local expired = {}
+for j, q in ipairs(p) do
+  local key = sl[j] and KEYS[1] .. sl[j] or KEYS[1]
+  redis.call('SETBIT', key, q, 1)
+  if ARGV[1] ~= '0' and not expired[key] then
+    redis.call('PEXPIREAT', key, ARGV[1])
+    expired[key] = true
+  end
 end
-if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3]) end
+if ARGV[1] ~= '0' then redis.call('PEXPIREAT', KEYS[3], ARGV[1]) end
+if KEYS[4] then q_push(KEYS[4], ARGV[2], ARGV[3], false) end
 return 1
 """
+)
 
 # The first node to open a filter decides its shape; every other node reads it.
 _ADOPT = """
@@ -151,13 +192,19 @@ return redis.call('HGETALL', KEYS[1])
 
 # Allocate the filter whole, now: grown bit by bit, Redis would keep up to 1 MB spare, and a
 # Redis without room for it fails here rather than in the middle of the crawl.
-# KEYS: filter, parameters. ARGV: its last bit (m - 1), expire-at in unix ms (0: never).
+# KEYS: filter, parameters. ARGV: expire-at in unix ms (0: never), bits per slice, bits in all.
 _RESERVE = """
-if redis.call('STRLEN', KEYS[1]) * 8 <= tonumber(ARGV[1]) then redis.call('SETBIT', KEYS[1], ARGV[1], 0) end
-if ARGV[2] ~= '0' then
-  redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-  redis.call('PEXPIREAT', KEYS[2], ARGV[2])
+local per, bits = tonumber(ARGV[2]), tonumber(ARGV[3])
+local i = 0
+while i * per < bits do
+  local key = KEYS[1]
+  if i > 0 then key = key .. '#' .. i end
+  local last = math.min(per, bits - i * per) - 1
+  if redis.call('STRLEN', key) * 8 <= last then redis.call('SETBIT', key, last, 0) end
+  if ARGV[1] ~= '0' then redis.call('PEXPIREAT', key, ARGV[1]) end
+  i = i + 1
 end
+if ARGV[1] ~= '0' then redis.call('PEXPIREAT', KEYS[2], ARGV[1]) end
 return 1
 """
 
@@ -205,19 +252,20 @@ class BloomSeen(GenerationalClaims):
         current, previous, expire_at = self.generations.keys(self.base)
         self._claim(
             keys=[current, previous, self.params_key, queue_key],
-            args=[expire_at, score, data, self.bloom.packed_positions(fingerprint)],
+            args=[expire_at, score, data, self.bloom.packed_positions(fingerprint), self.bloom.slice_bits],
             client=pipe,
         )
 
     def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
         return self._claim(
             keys=[current, previous, self.params_key],
-            args=[expire_at, "", "", self.bloom.packed_positions(fingerprint)],
+            args=[expire_at, "", "", self.bloom.packed_positions(fingerprint), self.bloom.slice_bits],
             client=client,
         )
 
     def keys(self) -> list[str]:
-        return [*self.generations.live_keys(self.base), self.params_key]
+        live = self.generations.live_keys(self.base)
+        return [key for base in live for key in self.bloom.slice_keys(base)] + [self.params_key]
 
     def run_keys(self) -> list[str]:
         # With an expiry the filter outlives the run: a recrawl skips what is still remembered.
@@ -251,7 +299,9 @@ class BloomSeen(GenerationalClaims):
             "expiry",
             repr(self.expiry),
             "layout",
-            LAYOUT,
+            LAYOUT if b.slices == 1 else SLICED_LAYOUT,
+            "slice_bits",
+            b.slice_bits,
         ]
 
     def _stored_shape(self) -> tuple[BloomFilter, float] | None:
@@ -263,7 +313,7 @@ class BloomSeen(GenerationalClaims):
     def _open(self) -> None:
         raw = self._adopt(keys=[self.params_key], args=self._shape_fields())
         bloom, expiry = _shape_from(dict(zip(raw[::2], raw[1::2])), self.params_key)
-        if (bloom, expiry) != (self.bloom, self.expiry):
+        if (bloom.capacity, bloom.error_rate, expiry) != (self.bloom.capacity, self.bloom.error_rate, self.expiry):
             logger.warning(
                 "The Bloom filter %s in Redis was made for %d URLs at error rate %s with expiry %ss; "
                 "this node is configured for %d at %s with expiry %ss and uses the stored shape "
@@ -278,11 +328,12 @@ class BloomSeen(GenerationalClaims):
                 self.expiry,
                 self.params_key,
             )
-            self.bloom = bloom
             self.generations = Generations(self.server, expiry)
+        # The stored shape, slices too: a filter made before slicing stays one key.
+        self.bloom = bloom
         # The shape lives as long as the newest generation it describes, no longer.
         current, _previous, expire_at = self.generations.keys(self.base)
-        self._reserve(keys=[current, self.params_key], args=[self.bloom.bits - 1, expire_at])
+        self._reserve(keys=[current, self.params_key], args=[expire_at, bloom.slice_bits, bloom.bits])
 
     def _check_fill(self) -> None:
         self._fill_checked = time.monotonic()
@@ -304,17 +355,24 @@ class BloomSeen(GenerationalClaims):
     def _estimate(self, key: str, bloom: BloomFilter) -> float:
         pipe = self.server.pipeline(transaction=False)
         pipe.type(key)
+        keys, sizes = bloom.slice_keys(key), bloom.slice_sizes()
         if bloom.bytes <= self.SAMPLE_BYTES:
-            pipe.bitcount(key)
+            for slice_key in keys:
+                pipe.bitcount(slice_key)
             bits_read = bloom.bits
-        else:
-            # Positions are uniform, so a few spread slices tell the fill of the whole filter.
-            slices = 16
-            width = self.SAMPLE_BYTES // slices
-            stride = bloom.bytes // slices
-            for i in range(slices):
+        elif len(keys) == 1:
+            # Positions are uniform, so a few spread stretches tell the fill of the whole filter.
+            width = self.SAMPLE_BYTES // 16
+            stride = bloom.bytes // 16
+            for i in range(16):
                 pipe.bitcount(key, i * stride, i * stride + width - 1)
-            bits_read = slices * width * 8
+            bits_read = 16 * width * 8
+        else:  # the same: a stretch from the start of each of up to 16 slices spread over them
+            bits_read = 0
+            for i in sorted({n * len(keys) // 16 for n in range(16)}):
+                width = min(self.SAMPLE_BYTES // 16, sizes[i] // 8)
+                pipe.bitcount(keys[i], 0, width - 1)
+                bits_read += width * 8
         kind, *counts = pipe.execute()
         if kind not in (b"string", "string"):
             return 0.0
@@ -325,9 +383,17 @@ def _shape_from(raw: dict, key: str) -> tuple[BloomFilter, float]:
     fields = {
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()
     }
-    if fields.get("layout") != LAYOUT:
-        raise RuntimeError(f"{key}: a Bloom filter of layout {fields.get('layout')!r}; this version reads {LAYOUT!r}")
+    layout = fields.get("layout")
+    if layout not in (LAYOUT, SLICED_LAYOUT):
+        raise RuntimeError(
+            f"{key}: a Bloom filter of layout {layout!r}; this version reads {LAYOUT!r} and {SLICED_LAYOUT!r}"
+        )
+    bits = int(fields["bits"])
     bloom = BloomFilter(
-        int(fields["capacity"]), float(fields["error_rate"]), int(fields["bits"]), int(fields["hashes"])
+        int(fields["capacity"]),
+        float(fields["error_rate"]),
+        bits,
+        int(fields["hashes"]),
+        int(fields["slice_bits"]) if layout == SLICED_LAYOUT else bits,
     )
     return bloom, float(fields["expiry"])

@@ -122,12 +122,12 @@ class DeadLetters:
             except (ValueError, TypeError, AttributeError):
                 return False  # an unreadable entry stays for a human to look at
             if self.queue.shards is None:
-                pipe.zadd(self.queue.key, {data: score_for(priority)})
+                self.queue.lists.push(self.queue.key, [(data, score_for(priority))], client=pipe)
             else:
                 # The shard's queue is in another slot than the dead letters, so not in their
                 # transaction: queued first, then taken off the list (a crash repeats, never drops).
                 shard = self.queue.shards.of_url(str(fields.get("url", "")))
-                self.server.zadd(self.queue.keys[shard], {data: score_for(priority)})
+                self.queue.lists.push(self.queue.keys[shard], [(data, score_for(priority))])
             return True
 
         # The index keeps a requeued request: should it fail again, its count goes on.

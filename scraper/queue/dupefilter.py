@@ -29,7 +29,7 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 
 from ..backends.redis_client import register_script
 from ..config import ConfigError, get_choice, get_float
-from . import keys
+from . import keys, lists
 from .bloom import BloomFilter, BloomSeen
 from .generations import GenerationalClaims, Generations
 from .shards import Shards, for_spider
@@ -58,13 +58,16 @@ def seen_config(settings: Any) -> SeenConfig:
 # Claim a fingerprint and, if it is new, queue its request: one round trip, atomically.
 # KEYS: current set, previous set (the same key without expiry), [queue].
 # ARGV: fingerprint, expire-at in unix ms (0: never), [score, request].
-_CLAIM = """
+_CLAIM = (
+    lists.PUSH_LUA
+    + """
 if KEYS[2] ~= KEYS[1] and redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return 0 end
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
 if ARGV[2] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
-if KEYS[3] then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
+if KEYS[3] then q_push(KEYS[3], ARGV[3], ARGV[4], false) end
 return 1
 """
+)
 
 
 # The same for every request of a flush bound for one queue, in one script call: the client
@@ -72,13 +75,15 @@ return 1
 # thread per 23-link flush against 0.43-0.61 ms as one call (Redis' own time is the same).
 # KEYS: current set, previous set, queue. ARGV: expire-at (as above), then (fingerprint,
 # score, request) per request. Returns 1 (queued) or 0 for each.
-_CLAIM_MANY = """
+_CLAIM_MANY = (
+    lists.PUSH_LUA
+    + """
 local current, previous, queued, added = KEYS[1], KEYS[2], {}, false
 for i = 2, #ARGV, 3 do
   local new = 0
   if not (previous ~= current and redis.call('SISMEMBER', previous, ARGV[i]) == 1)
       and redis.call('SADD', current, ARGV[i]) == 1 then
-    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i + 2])
+    q_push(KEYS[3], ARGV[i + 1], ARGV[i + 2], false)
     new, added = 1, true
   end
   queued[#queued + 1] = new
@@ -86,6 +91,7 @@ end
 if added and ARGV[1] ~= '0' then redis.call('PEXPIREAT', current, ARGV[1]) end
 return queued
 """
+)
 
 
 class SeenSet(GenerationalClaims):

@@ -81,6 +81,12 @@ class GenerationalClaims:
         current, previous, expire_at = self.generations.keys(self.base)
         return self._claim_into(fingerprint, current, previous, expire_at) == 1
 
+    def add_to(self, pipe: Any, fingerprint: str) -> None:
+        """Queue the claim of *fingerprint* on *pipe*; its result is 1 if no process had claimed it."""
+        self.generation()
+        current, previous, expire_at = self.generations.keys(self.base)
+        self._claim_into(fingerprint, current, previous, expire_at, client=pipe)
+
     def add_many(self, fingerprints: Iterable[str], chunk: int = 1000) -> int:
         """Claim many fingerprints, pipelined *chunk* at a time; returns how many were new."""
         self.generation()

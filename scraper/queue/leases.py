@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from ..backends.redis_client import register_script
-from . import keys
+from . import keys, lists
 from .clock import RedisClock
 
 #: Signal (``request=``): a component could not finish with this request safely (e.g. it could
@@ -24,8 +24,10 @@ from .clock import RedisClock
 lease_abandoned = object()
 
 # KEYS: pending, leased, deadlines, owners. ARGV: count, deadline, owner.
-_TAKE = """
-local items = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
+_TAKE = (
+    lists.LUA
+    + """
+local items = q_pop(KEYS[1], tonumber(ARGV[1]))
 local out = {}
 for i = 1, #items, 2 do
   local data, score = items[i], items[i + 1]
@@ -39,6 +41,7 @@ for i = 1, #items, 2 do
 end
 return out
 """
+)
 
 # Acknowledge (ARGV[1] = 'ack') or extend (ARGV[1] = 'renew', ARGV[3] = new deadline) the leases
 # in ARGV[4..] that this owner (ARGV[2]) still holds. A lease id is its request's hash: after a
@@ -66,7 +69,10 @@ return lost
 """
 
 # KEYS: pending, leased, deadlines, redeliveries, dead, owners. ARGV: now, max redeliveries, batch.
-_REAP = """
+# A request taken back goes to the head of the list it was taken from (it was next there).
+_REAP = (
+    lists.PUSH_LUA
+    + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local requeued, dead = 0, 0
 for _, id in ipairs(ids) do
@@ -88,13 +94,14 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', KEYS[4], id)
       dead = dead + 1
     else
-      redis.call('ZADD', KEYS[1], score, data)
+      q_push(KEYS[1], score, data, true)
       requeued = requeued + 1
     end
   end
 end
 return {requeued, dead}
 """
+)
 
 
 class _Group:
@@ -149,6 +156,7 @@ class Leases:
         self._take = register_script(server, _TAKE)
         self._owned = register_script(server, _OWNED)
         self._reap = register_script(server, _REAP)
+        self.lists = lists.Lists(server)
         self._last_renewal = 0.0
         # Deadlines are set and judged on Redis' clock: a worker whose own clock runs ahead
         # would otherwise expire the others' leases and fetch their pages again (see .clock).
@@ -204,8 +212,10 @@ class Leases:
         if not taken:
             return
         for shard, part in self._by_group({lease for lease, _, _ in taken}).items():
-            self.server.zadd(
-                self.groups[shard].pending_key, {data: score for lease, score, data in taken if lease in part}
+            self.lists.push(
+                self.groups[shard].pending_key,
+                [(data, score) for lease, score, data in taken if lease in part],
+                head=True,
             )
         self.ack({lease for lease, _, _ in taken})
 

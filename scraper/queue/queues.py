@@ -1,6 +1,7 @@
 """The per-spider request queue in Redis.
 
-A subclass of scrapy-redis' priority queue (a sorted set) that serializes through
+A subclass of scrapy-redis' priority queue, kept as lists by priority and minute (see
+:mod:`.lists`), that serializes through
 :mod:`scraper.queue.requests` and JSON, and turns a request that cannot be serialized into one
 clear error naming the spider, the callback and the offending value. Pushing and popping stay
 methods of this class so that leased delivery (pop into a lease, acknowledge later) can replace
@@ -20,7 +21,8 @@ from . import serializer as json_serializer
 from . import signing
 from .dead_entry import entry as dead_entry
 from .keys import dead_key, queue_key
-from .requests import is_leaked_api_call, request_from_dict, request_to_dict
+from .lists import Lists
+from .requests import is_leaked_api_call, request_from_dict, request_to_dict, share_callback
 from .scores import PRIORITY_STEP as _PRIORITY_STEP
 from .scores import enqueued_at, score_for  # noqa: F401  (imported from here by other modules)
 from .serializer import SerializationError
@@ -65,6 +67,7 @@ class PriorityQueue(_RedisPriorityQueue):
         # Every entry written is signed, every entry read verified (see signing.py).
         self.signer = signing.current()
         self.prefetch = max(1, prefetch)
+        self.lists = Lists(server)
         self.shards = shards if shards is not None and shards.count > 1 else None
         self.keys = shards.queue_keys() if self.shards is not None else [key]
         # The next shard to pop from, and until when a shard found empty is skipped.
@@ -93,22 +96,20 @@ class PriorityQueue(_RedisPriorityQueue):
         return self.keys[self.shard_of(request)]
 
     def push(self, request: Request) -> None:
-        self.server.execute_command(
-            "ZADD", self.key_of(request), score_for(request.priority), self._encode_request(request)
-        )
+        self.lists.push(self.key_of(request), [(self._encode_request(request), score_for(request.priority))])
 
     def __len__(self) -> int:
         if len(self.keys) == 1:
-            return self.server.zcard(self.key)
+            return int(self.lists.length(self.key))
         pipe = self.server.pipeline(transaction=False)
         for key in self.keys:
-            pipe.zcard(key)
-        return sum(pipe.execute())
+            self.lists.length(key, client=pipe)
+        return sum(map(int, pipe.execute()))
 
     def clear(self) -> None:
         self._own.clear()
         for key in self.keys:  # one by one: the shards' keys are in different slots
-            self.server.delete(key)
+            self.lists.clear(key)
 
     def stage(self, request: Request, dupefilter: Any = None, fingerprint: str = "") -> None:
         """Encode *request* now (errors surface to the caller), send it with the next flush.
@@ -138,22 +139,26 @@ class PriorityQueue(_RedisPriorityQueue):
 
     def _send_staged(self, staged: list[tuple[Any, str, float, bytes, int]]) -> tuple[int, int]:
         pipe = self.server.pipeline(transaction=False)
-        # The requests of one seen-state and shard go as one command where the store offers
-        # it; otherwise one command per request. Either way each request has one result.
+        # The requests of one seen-state (or of none) and shard go as one command where the
+        # store offers it; otherwise one command per request. Each command's result is a count
+        # (plain pushes), a list of 1s and 0s (a store's many), or one 1 or 0.
+        plain: dict[int, list[tuple[bytes, float]]] = {}
         many: dict[tuple[int, int], tuple[Any, int, list[tuple[str, float, bytes]]]] = {}
         for dupefilter, fingerprint, score, data, shard in staged:
             if dupefilter is None:
-                pipe.execute_command("ZADD", self.keys[shard], score, data)
+                plain.setdefault(shard, []).append((data, score))
             elif getattr(dupefilter, "can_push_many", lambda shard: False)(shard):
                 many.setdefault((id(dupefilter), shard), (dupefilter, shard, []))[2].append((fingerprint, score, data))
             else:
                 dupefilter.push_if_new(pipe, fingerprint, self.keys[shard], score, data, shard)
         for dupefilter, shard, entries in many.values():
             dupefilter.push_many_if_new(pipe, entries, self.keys[shard], shard)
+        for shard, entries in plain.items():
+            self.lists.push(self.keys[shard], entries, client=pipe)
         results = pipe.execute()
         if self.barrier is not None:
             self.barrier.written({shard for *_, shard in staged})
-        queued = sum(sum(map(int, r)) if isinstance(r, list) else (1 if r else 0) for r in results)
+        queued = sum(sum(map(int, r)) if isinstance(r, list) else int(r or 0) for r in results)
         return queued, len(staged) - queued
 
     def oldest_age(self, now: float | None = None) -> float:
@@ -165,13 +170,12 @@ class PriorityQueue(_RedisPriorityQueue):
         return max((self._oldest_age(key, now) for key in self.keys), default=0.0)
 
     def _oldest_age(self, key: str, now: float) -> float:
-        head = self.server.zrange(key, 0, 0, withscores=True)
-        if not head:
+        ends = self.lists.head_scores(key)
+        if not ends:
             return 0.0
-        tail = self.server.zrange(key, -1, -1, withscores=True)
-        block = (tail[0][1] // _PRIORITY_STEP) * _PRIORITY_STEP
-        lowest = self.server.zrangebyscore(key, block, "+inf", start=0, num=1, withscores=True)
-        oldest = min(enqueued_at(score) for _, score in head + lowest)
+        block = (ends[1] // _PRIORITY_STEP) * _PRIORITY_STEP
+        lowest = self.lists.first_at_or_after(key, block)
+        oldest = min(enqueued_at(score) for score in (ends[0], ends[1] if lowest is None else lowest))
         return max(0.0, now - oldest)
 
     def staged_count(self) -> int:
@@ -195,32 +199,40 @@ class PriorityQueue(_RedisPriorityQueue):
             self.leases.give_back([(lease, score, data) for lease, score, data, _ in taken])
         else:
             for shard in {shard for _, _, _, shard in taken}:
-                self.server.zadd(self.keys[shard], {data: score for _, score, data, s in taken if s == shard})
+                self.lists.push(
+                    self.keys[shard], [(data, score) for _, score, data, s in taken if s == shard], head=True
+                )
         return len(taken)
 
     def adopt_unsharded(self) -> int:
         """Move requests queued in the spider's unsharded queue (by a seed or a requeue made
         while another shard count was in force) into their shards; returns how many.
 
-        Queued in the shard first, removed after: a crash in between repeats a request."""
-        if self.shards is None:
+        Queued in the shard first, removed after: a crash in between repeats a request. One
+        node at a time (a lock that runs out should it die), so two never move the same list."""
+        if self.shards is None or not self.lists.length(self.key):
+            return 0
+        lock = f"{self.key}:adopting"
+        if not self.server.set(lock, "1", nx=True, px=60_000):
             return 0
         moved = 0
-        while True:
-            entries = self.server.zrange(self.key, 0, 999, withscores=True)
-            if not entries:
-                return moved
-            by_shard: dict[int, dict[bytes, float]] = {}
-            for data, score in entries:
-                try:
-                    url = str(self.serializer.loads(signing.unwrap(data)).get("url", ""))
-                except (ValueError, TypeError, AttributeError):
-                    url = ""  # unreadable: the first shard's pop sets it aside as a dead letter
-                by_shard.setdefault(self.shards.of_url(url), {})[data] = score
-            for shard, members in by_shard.items():
-                self.server.zadd(self.keys[shard], members)
-            self.server.zrem(self.key, *(data for data, _ in entries))
-            moved += len(entries)
+        try:
+            while (head := self.lists.peek(self.key, 1000)) is not None:
+                name, entries, score = head
+                by_shard: dict[int, list[tuple[bytes, float]]] = {}
+                for data in entries:
+                    try:
+                        url = str(self.serializer.loads(signing.unwrap(data)).get("url", ""))
+                    except (ValueError, TypeError, AttributeError):
+                        url = ""  # unreadable: the first shard's pop sets it aside as a dead letter
+                    by_shard.setdefault(self.shards.of_url(url), []).append((data, score))
+                for shard, members in by_shard.items():
+                    self.lists.push(self.keys[shard], members)
+                moved += self.lists.drop_head(self.key, name, entries)
+                self.server.pexpire(lock, 60_000)
+        finally:
+            self.server.delete(lock)
+        return moved
 
     def _take(self, count: int) -> list[tuple[str | None, float, bytes, int]]:
         """Up to *count* requests from the next shard that has any, shards taken in turn (so a
@@ -235,7 +247,7 @@ class PriorityQueue(_RedisPriorityQueue):
             if self.leases is not None:
                 taken = [(lease, score, data, shard) for lease, score, data in self.leases.take(count, shard)]
             else:
-                taken = [(None, score, data, shard) for data, score in self.server.zpopmin(self.keys[shard], count)]
+                taken = [(None, score, data, shard) for data, score in self.lists.pop(self.keys[shard], count)]
             if taken:
                 self._turn = (shard + 1) % n
                 return taken
@@ -276,7 +288,7 @@ class PriorityQueue(_RedisPriorityQueue):
         return request_from_dict(data, self.spider)
 
     def pop(self, timeout: int = 0, limit: int | None = None) -> Request | None:
-        # ZPOPMIN takes the best-scored entries atomically, several per round trip when
+        # A pop takes the best entries atomically, several per round trip when
         # prefetching (at most *limit*, when given). A corrupt entry is set aside rather than
         # crashing the engine loop.
         if not self._prefetched:
@@ -288,6 +300,8 @@ class PriorityQueue(_RedisPriorityQueue):
             request = self._own.pop(data, None)
             if request is None:
                 request = self._decode_request(data)
+            else:
+                share_callback(request, self.spider)
             if lease:
                 request.meta[LEASE_META] = lease
             return request

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from . import keys
+from .lists import Lists
 
 #: More shards than hash slots per master would be pointless; this bounds the tag search.
 MAX_SHARDS = 1024
@@ -126,11 +127,12 @@ def for_spider(server: Any, spider_name: str, settings: Any = None) -> Shards:
 def discard_shards(server: Any, shards: Shards, run_keys: list[str]) -> int:
     """Delete a sharded frontier (queues, leases, replica marks) and *run_keys* (its seen-state);
     returns how many requests were queued or leased in it."""
+    queues = Lists(server)
     dropped = 0
     for shard in range(shards.count):
         lease_keys = shards.lease_keys(shard)
-        dropped += server.zcard(shards.queue_key(shard)) + server.zcard(lease_keys["deadlines"])
-        for name in (shards.queue_key(shard), *lease_keys.values(), f"{shards.prefixes[shard]}:sync"):
+        dropped += queues.clear(shards.queue_key(shard)) + server.zcard(lease_keys["deadlines"])
+        for name in (*lease_keys.values(), f"{shards.prefixes[shard]}:sync"):
             server.delete(name)  # one by one: each shard in a slot of its own
     for name in run_keys:
         server.delete(name)

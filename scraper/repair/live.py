@@ -91,6 +91,9 @@ class RepairMiddleware:
         # (type name, field) -> [tries, pages seen at the last try, trigger]; busy: learning now.
         self.wanted: dict[tuple[str, str], list[Any]] = {}
         self.busy: set[tuple[str, str]] = set()
+        # The breaks heard so far, in order: a type this node meets later (a node that joined a
+        # broken run before its first page of the type) is matched to them then.
+        self.breaks: dict[str, None] = {}
         self.added: Counter[type] = Counter()
         self._loop: LoopingCall | None = None
         self._provenance: Any = None
@@ -196,6 +199,8 @@ class RepairMiddleware:
         found = self.seen.get(kind)
         if found is None:
             found = self.seen[kind] = deque(maxlen=self.pages)
+            if self.breaks:
+                self._want(self.breaks)
         found.append(_Seen(url, body, item))
         self.added[kind] += 1
         if self.wanted:
@@ -214,7 +219,11 @@ class RepairMiddleware:
 
     # -- a break ----------------------------------------------------------------------------------
     def broke(self, broken: dict[str, Any]) -> None:
-        for name in broken:
+        self.breaks.update(dict.fromkeys(broken))
+        self._want(broken)
+
+    def _want(self, names: Iterable[str]) -> None:
+        for name in names:
             for target in self._targets(name):
                 if target in self.active or target in self.wanted:
                     continue

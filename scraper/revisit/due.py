@@ -149,7 +149,7 @@ class RevisitMiddleware:
         canonical = canonical_link(response) if request.method == "GET" else None
         if canonical is not None:
             url = self.fingerprinter.policy.apply(canonical)
-            return self.fingerprinter.fingerprint(Request(url)), url
+            return self.fingerprinter.url_fingerprint(url, request), url
         return self.fingerprinter.fingerprint(request), self.fingerprinter.identity(request.url)
 
     def _callback_name(self, request: Request) -> str | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.redis_client import register_script
-from ..queue import keys
+from ..queue import keys, lists
 from ..queue.shards import discard_shards
 from .nodes import NodeRegistry
 
@@ -48,7 +48,9 @@ FIGURES_KEEP = 7 * 24 * 3600
 # KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] queued and ARGV[9] leased
 # in the other shards of a sharded frontier (counted just before: a script sees one slot only),
 # ARGV[10] shard count, ARGV[11] n dead, ARGV[12..] dead ids.
-_LIVE = """
+_LIVE = (
+    lists.LUA
+    + """
 local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local other_queued, other_leased = tonumber(ARGV[8]), tonumber(ARGV[9])
 for i = 12, 11 + tonumber(ARGV[11]) do
@@ -72,6 +74,7 @@ local function finish(id, reason)
   redis.call('EXPIRE', ARGV[6] .. id .. ':marker', ARGV[7])
 end
 """
+)
 
 # KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 leased, 7 lease owners,
 #       8 redeliveries, 9 responses stream (PROCESSING=decoupled: fetched, not yet processed),
@@ -84,7 +87,7 @@ _BEGIN = (
     + """
 local id = tonumber(redis.call('HGET', KEYS[1], 'id') or '0')
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-local queued = redis.call('ZCARD', KEYS[4]) + redis.call('XLEN', KEYS[9]) + other_queued
+local queued = q_len(KEYS[4]) + redis.call('XLEN', KEYS[9]) + other_queued
 local leased = redis.call('ZCARD', KEYS[5]) + other_leased
 local previous, dropped = 0, 0
 if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 then
@@ -92,7 +95,8 @@ if id > 0 and state ~= 'finished' and live == 0 and queued == 0 and leased == 0 
   state, previous = 'finished', id
 elseif id > 0 and state ~= 'finished' and live == 0 and ARGV[5] == '1' then
   dropped = queued + leased
-  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+  q_clear(KEYS[4])
+  redis.call('DEL', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
   finish(id, 'discarded')
   state, previous, queued, leased = 'finished', id, 0, 0
 end
@@ -144,7 +148,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'id') or '0') ~= tonumber(ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'reason', ARGV[5])
 if live > 0 then return {'running', live} end
-if redis.call('ZCARD', KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0
+if q_len(KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0
    and redis.call('XLEN', KEYS[6]) == 0 then
   for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
   finish(ARGV[4], ARGV[5])
@@ -197,6 +201,7 @@ class RunState:
         self.key = keys.run_key(spider_name)
         self.figures_prefix = f"{self.key}:"
         self.run_id = 0
+        self.queues = lists.Lists(server)
         self._begin = register_script(server, _BEGIN)
         self._leave = register_script(server, _LEAVE)
 
@@ -212,7 +217,7 @@ class RunState:
             return [0, 0, 1]
         pipe = self.server.pipeline(transaction=False)
         for shard in range(self.shards.count):
-            pipe.zcard(self.shards.queue_key(shard))
+            self.queues.length(self.shards.queue_key(shard), client=pipe)
             pipe.zcard(self.shards.lease_keys(shard)["deadlines"])
         counts = pipe.execute()
         return [sum(counts[0::2]), sum(counts[1::2]), self.shards.count]
