@@ -14,6 +14,7 @@ from support.crawls import (
     assert_each_page_once,
     assert_each_product_stored_or_rejected_once,
     crawl_env,
+    project_with_spider,
     run_scrapy,
     scrapy_cmd,
 )
@@ -188,3 +189,54 @@ def test_fresh_discards_a_stopped_run_and_says_what_it_drops(clean, site: DemoSi
         (3, "finished", "discarded"),
         (4, "finished", "finished"),
     ]
+
+
+SLOW_TO_CLOSE = """
+import os
+import time
+
+from scraper.spiders.demo import DemoSpider
+
+
+class SlowToCloseSpider(DemoSpider):
+    name = "slowclose"
+
+    def closed(self, reason):
+        # Runs first of the spider_closed handlers: this node has left its run and the
+        # extensions' closing reports wait behind it.
+        time.sleep(float(os.environ.get("SLOW_CLOSE", "0")))
+"""
+
+
+def test_the_last_node_out_judges_the_run_with_every_node_figures_however_close_they_leave(
+    clean, tmp_path: Path
+) -> None:
+    # Node A leaves the run a moment before node B, and B, last out, finishes and judges it at
+    # once: A's figures must be in Redis by then, not in A's closing report that comes later.
+    project = project_with_spider(tmp_path, "slowclose", SLOW_TO_CLOSE)
+    catalog = Catalog(products=40)
+    with DemoSite(catalog, delay_ms=200) as site:
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            PYTHONPATH=str(project),
+            CONCURRENT_REQUESTS_PER_DOMAIN="2",
+            RUNS_REPORT_INTERVAL="600",
+            METRICS_ENABLED="false",
+        )
+        del env["QUALITY_FAIL_EXIT"]  # the default: a degraded run exits 3
+        first = start_crawl({**env, "SCHEDULER_IDLE_TIMEOUT": "1", "SLOW_CLOSE": "6"}, spider="slowclose", cwd=project)
+        wait_for(lambda: site.stats()["total"] >= 3, timeout=60, step=0.05)
+        second = start_crawl({**env, "SCHEDULER_IDLE_TIMEOUT": "3"}, spider="slowclose", cwd=project)
+        logs = [first.communicate(timeout=120)[1], second.communicate(timeout=120)[1]]
+    assert "joining run 1 of slowclose" in logs[1], logs[1][-3000:]
+    assert "run 1 goes on with 1 other live node" in logs[0], logs[0][-3000:]
+    assert "Run 1 of slowclose finished on every node" in logs[1], logs[1][-3000:]
+    for proc, log in zip((first, second), logs):
+        assert proc.returncode == 0 and "Traceback" not in log, log[-3000:]
+    stored = clean.query("SELECT count(*) FROM products")[0][0]
+    assert stored == len(catalog.valid_products())
+    [(new, nodes)] = clean.query("SELECT items_new, nodes_seen FROM crawl_runs WHERE spider = 'slowclose'")
+    assert (new, nodes) == (stored, 2)
+    [(figures,)] = clean.query("SELECT figures FROM run_quality WHERE spider = 'slowclose'")
+    assert figures["items/stored"] == stored, figures

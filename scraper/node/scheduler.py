@@ -48,7 +48,7 @@ from ..queue.queues import RequestSerializationError
 from ..queue.replication import ReplicaBarrier
 from ..queue.shards import Shards, discard_shards, shard_count, shards_setting
 from ..runs.nodes import NodeRegistry
-from ..runs.state import Decision, RunState
+from ..runs.state import Decision, RunState, leaving_run
 from ..storage.owner import store_of
 from .lease_keeper import LeaseKeeper
 from .membership import RunMembership
@@ -257,6 +257,7 @@ class SharedScheduler(Scheduler):
             logger.info("Returned %d prefetched requests to the shared queue", returned)
         if self.keeper is not None:
             self.keeper.ack_all()
+        self.crawler.signals.send_catch_log(signal=leaving_run)
         self.member.leave(reason, self._run_keys(), self._shard_run_keys(), self.df)
 
     def flush(self) -> None:

@@ -15,9 +15,9 @@ the run ``degraded`` if a check failed. A run that stopped (Ctrl-C, a close reas
 is checked when it finishes. With ``QUALITY_FAIL_EXIT`` a degraded run makes ``scrapy crawl``
 exit with status 3 (the stat ``quality/exit_status``).
 
-Nodes that leave together: the last one out may check before another's final report lands in
-Redis; that node's figures then count as of its previous report (``RUNS_REPORT_INTERVAL``), as
-for the run's own figures.
+Nodes that leave together: each writes its final snapshot just before it leaves the run
+(:data:`scraper.runs.state.leaving_run`), so the last one out, which checks the run as soon as it
+has left, counts every node's figures however close behind the others it left.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..adapters import engine
 from ..config import get_bool, get_float
 from ..item_observers import on_item_scraped, on_response_received
 from ..items import StoredItem, stored_item_types
+from ..runs.state import leaving_run
 from . import coverage as coverage_figures
 from . import figures as run_figures
 from . import report, store
@@ -76,6 +77,7 @@ class QualityMonitor:
         ext = cls(crawler, conf, get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.report, signal=leaving_run)
         on_item_scraped(crawler, ext.item_scraped)
         on_response_received(crawler, ext.response_received)
         return ext

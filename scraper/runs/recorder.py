@@ -2,7 +2,8 @@
 
 Each node reports its own figures (pages, items by outcome, rejects, duplicates, dead letters,
 API credits, redeliveries) into the run's figures hash every ``RUNS_REPORT_INTERVAL`` seconds
-and when it closes; the run's figures are their sum, so a node killed with SIGKILL still counts
+and just before it leaves the run (so the last node out, which records the finished run, has
+them all); the run's figures are their sum, so a node killed with SIGKILL still counts
 for what it reported last. The Postgres row is written when a node joins the run, when it
 leaves, and for a run that this node's start found finished. A database that is away costs
 a warning, never the crawl: the next write carries the whole row again.
@@ -20,7 +21,7 @@ from ..adapters import engine
 from ..config import get_float
 from ..queue import keys
 from . import record
-from .state import summed_figures
+from .state import leaving_run, summed_figures
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class RunRecorder:
         ext = cls(crawler, interval)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.report, signal=leaving_run)
         return ext
 
     def _scheduler(self) -> Any:

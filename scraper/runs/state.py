@@ -44,6 +44,12 @@ from .nodes import NodeRegistry
 #: A finished run's per-node figures are kept this long for ``scrapy runs`` (seconds).
 FIGURES_KEEP = 7 * 24 * 3600
 
+#: Signal (no arguments), sent by a node just before it leaves its run: whatever it reports
+#: into the run's figures is written now. The last node out judges and records the run from
+#: those figures as soon as it has left; a node's own closing report comes later (its
+#: ``spider_closed``), too late when it left first by a moment.
+leaving_run = object()
+
 # Prune dead nodes, count live ones. Shared prologue of both scripts.
 # KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] queued and ARGV[9] leased
 # in the other shards of a sharded frontier (counted just before: a script sees one slot only),
