@@ -272,6 +272,26 @@ def test_a_closing_processor_gives_back_what_it_read_and_did_not_process(clean) 
     assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"second", 1)]
 
 
+def test_a_processor_late_to_renew_does_not_take_back_what_it_holds(clean) -> None:
+    # A reactor busy past PROCESSING_CLAIM_IDLE: XAUTOCLAIM hands the processor its own entries
+    # back. They are in hand: read again they would be processed twice at once, their rows
+    # counted new twice.
+    for number in (1, 2):
+        _add_product_page(clean, number)
+    slow = _processor(clean, "slow")
+    handed = [slow.next_request(), slow.next_request()]
+    assert [r.url.rsplit("/", 1)[1] for r in handed] == ["1.html", "2.html"]
+    time.sleep(0.15)  # past PROCESSING_CLAIM_IDLE, never renewed
+    assert slow.next_request() is None
+    assert slow.stats.get_value("processing/claimed") is None
+    assert slow.stats.get_value("processing/entries") == 2
+    # Another processor still takes them over when this one stays silent.
+    time.sleep(0.15)
+    other = _processor(clean, "other")
+    assert other.next_request().url.endswith("/p/1.html")
+    assert other.stats.get_value("processing/claimed") == 2
+
+
 def test_the_fetchers_bound_counts_the_downloads_it_lets_through(clean) -> None:
     for number in range(3):
         _add_product_page(clean, number)

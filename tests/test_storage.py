@@ -13,7 +13,7 @@ from support.storage_items import COLUMNS, Gadget, row
 from scraper.items.base import StoredItem
 from scraper.storage import history, schema
 from scraper.storage.upsert import Row, TableUpserter
-from scraper.storage.writer import Pending, PostgresWriter
+from scraper.storage.writer import Pending, PostgresWriter, outcomes
 
 
 @pytest.fixture
@@ -169,6 +169,23 @@ def test_writer_isolates_a_row_the_database_refuses(clean) -> None:
     outcome = results["gadgets"]
     assert outcome.inserted == {("s", "ok1"), ("s", "ok2")}
     assert list(outcome.failed) == [("s", "huge")] and "numeric field overflow" in outcome.failed[("s", "huge")]
+    writer._conn.close()
+
+
+def test_a_key_twice_in_a_batch_is_one_row_and_counted_once(clean) -> None:
+    writer = PostgresWriter(clean.database_url)
+    writer._conn = writer._connect()
+    schema.migrate(writer._conn, [Gadget])
+    writer._register(Gadget)
+    pendings = [Pending(row("a", "A"), None), Pending(row("b", "B"), None), Pending(row("a", "A2"), None)]
+    result = writer._write({"gadgets": pendings}, [])["gadgets"]
+    assert [o for _, o in outcomes(pendings, result)] == ["unchanged", "inserted", "inserted"]
+    again = [Pending(row("a", "A3"), None), Pending(row("a", "A3"), None), Pending(row("b", "B"), None)]
+    result = writer._write({"gadgets": again}, [])["gadgets"]
+    assert [o for _, o in outcomes(again, result)] == ["unchanged", "updated", "unchanged"]
+    with writer._conn.cursor() as cur:
+        cur.execute("SELECT code, name FROM gadgets ORDER BY code")
+        assert cur.fetchall() == [("a", "A3"), ("b", "B")]
     writer._conn.close()
 
 

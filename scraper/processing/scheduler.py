@@ -122,7 +122,10 @@ class StreamScheduler(SharedScheduler):
         # processor's entries would otherwise wait for the end of the crawl.
         if time.monotonic() >= self._next_claim:
             self._next_claim = time.monotonic() + self._claim_every
-            claimed = self.stream.claim(self.config.claim_idle, self.config.batch)
+            # XAUTOCLAIM takes back this consumer's own entries too when their renewal came late
+            # (a reactor busy for over PROCESSING_CLAIM_IDLE): they are in hand already, and
+            # read twice they would be processed twice at once.
+            claimed = [c for c in self.stream.claim(self.config.claim_idle, self.config.batch) if c[0] not in self.held]
             if claimed:
                 self.stats.inc_value("processing/claimed", len(claimed))
                 logger.warning("Took over %d responses from processors that stopped renewing them", len(claimed))

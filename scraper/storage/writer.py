@@ -242,19 +242,12 @@ class PostgresWriter:
             self._in_flight = 0
             rows = 0
             for table, pendings in batches.items():
-                result = results[table]
-                for p in pendings:
+                for p, outcome in outcomes(pendings, results[table]):
                     rows += 1
-                    if p.row.key in result.failed:
-                        p.deferred.errback(WriteFailed(result.failed[p.row.key]))
-                    elif p.row.key in result.inserted:
-                        p.deferred.callback("inserted")
-                    elif p.row.key in result.updated or p.row.key in result.awaiting:
-                        # A change waiting for the run's verdict is an update of the page, written
-                        # once the run is judged (or held with it).
-                        p.deferred.callback("updated")
+                    if isinstance(outcome, WriteFailed):
+                        p.deferred.errback(outcome)
                     else:
-                        p.deferred.callback("unchanged")
+                        p.deferred.callback(outcome)
             for _, rd in rejects:
                 rd.callback("rejected")
             if self.stats is not None:
@@ -498,6 +491,33 @@ def _base_type(sql_type: str) -> str:
 
 def _json_stable(sql_type: str) -> bool:
     return _base_type(sql_type) in _JSON_STABLE
+
+
+def outcomes(pendings: list[Pending], result: BatchResult) -> list[tuple[Pending, str | WriteFailed]]:
+    """Each pending item's outcome in its written batch: ``inserted``, ``updated``,
+    ``unchanged``, or the failure of its row.
+
+    A key that came twice in one batch is one row, written from the last of them (see
+    :func:`_last_per_key`): that one carries the row's outcome, the earlier ones count as
+    unchanged, so a run never counts more new rows than it stored (a response processed twice
+    at once, by a processor that took back its own unrenewed stream entries, was counted so)."""
+    last = {p.row.key: i for i, p in enumerate(pendings)}
+    out: list[tuple[Pending, str | WriteFailed]] = []
+    for i, p in enumerate(pendings):
+        key = p.row.key
+        if key in result.failed:
+            out.append((p, WriteFailed(result.failed[key])))
+        elif last[key] != i:
+            out.append((p, "unchanged"))
+        elif key in result.inserted:
+            out.append((p, "inserted"))
+        elif key in result.updated or key in result.awaiting:
+            # A change waiting for the run's verdict is an update of the page, written once the
+            # run is judged (or held with it).
+            out.append((p, "updated"))
+        else:
+            out.append((p, "unchanged"))
+    return out
 
 
 def _last_per_key(rows: Any) -> list[Row]:
