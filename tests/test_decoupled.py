@@ -4,6 +4,7 @@ demo site; processes killed with SIGKILL."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import tempfile
@@ -24,6 +25,7 @@ from scraper.processing import entry
 from scraper.processing.backpressure import StreamBackpressureMiddleware
 from scraper.processing.scheduler import StreamScheduler
 from scraper.processing.stream import GROUP, ResponseStream
+from scraper.queue import keys
 from scraper.scraping_api.standin import StandIn
 from scraper.spiders.demo import DemoSpider
 
@@ -262,9 +264,13 @@ def test_a_closing_processor_gives_back_what_it_read_and_did_not_process(clean) 
         _add_product_page(clean, number)
     first = _processor(clean, "first")
     assert first.next_request().url.endswith("/p/1.html")  # both read, one handed to the engine
+    first.stats.set_value("postgres/inserted", 1)  # what the engine did with it before the close
     first.close("shutdown")
     redis = clean.redis()
     assert redis.xlen("{demo}:responses") == 1  # the one handed out counts as done: the engine drained
+    # ... and counted in the run's figures before it was acknowledged.
+    reported = json.loads(redis.hget(keys.run_figures_key("demo", 1), "process:first"))
+    assert reported["postgres/inserted"] == 1
     second = _processor(clean, "second")
     request = second.next_request()  # no longer new: taken over at once, not after the idle time
     assert request is not None and request.url.endswith("/p/2.html")

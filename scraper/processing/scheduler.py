@@ -276,6 +276,8 @@ class StreamScheduler(SharedScheduler):
         try:
             if self.flush_staged():
                 handed = set(self.held) - {i for i, _, _ in self.buffer}
+                if handed:
+                    self._report_figures()  # as in _tend: counted before acknowledged
                 self.stream.done(handed)  # the engine has drained: all of them are done
                 self.stream.give_back({i: n for i, _, n in self.buffer})
                 if self.buffer:
