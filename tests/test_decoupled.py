@@ -425,3 +425,28 @@ def test_a_decoupled_run_marks_gone_what_its_processors_did_not_see(clean, site)
     log = run()
     assert {sku for (sku,) in clean.query("SELECT sku FROM products WHERE gone_at IS NOT NULL")} == skus
     assert "3 row(s) not seen in it marked gone" in log
+
+
+def test_a_decoupled_run_is_checked_with_its_processors_items(clean, site) -> None:
+    # The processors store the items, the fetcher checks the run: with the items counted where
+    # they are stored, two healthy runs are OK (exit 0), the second judged against the first.
+    env = crawl_env(clean, DEMO_SITE_URL=site.url, PROCESSING="decoupled", METRICS_ENABLED="false")
+    del env["QUALITY_FAIL_EXIT"]  # the default: a degraded run exits 3
+    redis = clean.redis()
+    for run_id in (1, 2):
+        fetcher = Proc(env, "crawl", "demo")
+        processors = start_processors(env, "demo", redis, count=2)
+        logs = [fetcher.finish()] + [p.finish() for p in processors]
+        assert fetcher.proc.returncode == 0, logs[0][-3000:]
+        assert f"Data quality of run {run_id} of demo: OK" in logs[0], logs[0][-3000:]
+        for log in logs[1:]:
+            assert "Spider closed (finished)" in log and "Traceback" not in log, log[-3000:]
+    assert "compared with run 1" in logs[0]
+    stored = clean.query("SELECT count(*) FROM products")[0][0]
+    rejected = clean.query("SELECT count(*) FROM rejects")[0][0]
+    figures = dict(clean.query("SELECT run_id, figures FROM run_quality"))
+    for run_id in (1, 2):
+        assert figures[run_id]["items/stored"] == stored and figures[run_id]["items/rejected"] == rejected
+        assert figures[run_id]["coverage/ProductItem/title"] == stored  # field coverage, from the processors
+    # Pages (and robots.txt) counted once, by the fetcher: a processor's come from the stream.
+    assert figures[1]["pages"] == len(site.catalog.pages()) + 1

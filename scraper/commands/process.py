@@ -46,8 +46,8 @@ DOWNLOADER_OVERRIDES = {
 }
 SPIDER_OVERRIDES = {"scraper.processing.nostart.NoStartRequests": 1}
 EXTENSION_OVERRIDES = {
-    # A processor is no node of the run: the run's figures and quality are the fetchers'.
-    "scraper.quality.monitor.QualityMonitor": None,
+    # A processor is no node of the run; its quality monitor counts the items it stores into
+    # the run's figures (see QualityMonitor.report_processed), the fetchers check the run.
     "scraper.extensions.progress.ProgressLog": None,
     "scrapy.extensions.logstats.LogStats": 500,
 }

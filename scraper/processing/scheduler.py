@@ -37,6 +37,7 @@ from ..queue.dupefilter import SharedDupeFilter, make_stores
 from ..queue.shards import for_spider
 from ..runs import record
 from ..runs.nodes import NodeRegistry
+from ..runs.state import processor_reporting
 from . import entry as entries
 from .config import read_config
 from .stream import ResponseStream
@@ -251,17 +252,18 @@ class StreamScheduler(SharedScheduler):
 
     def _report_figures(self) -> None:
         """This processor's share of the run's figures (items, rejects, duplicates, dead
-        letters), written before the entries it counts are acknowledged: when the stream is
-        empty, the last fetcher out records the run's figures with every processor's in them."""
+        letters) and, through ``processor_reporting``, of its quality figures, written before the
+        entries they count are acknowledged: when the stream is empty, the last fetcher out
+        records and checks the run with every processor's items in it."""
         run_id = self.stats.get_value("run/id")
         if not run_id:
             return
         figures = {
             stat: float(self.stats.get_value(stat, 0) or 0) for name, stat in record.FIGURES.items() if name != "pages"
         }  # pages are the fetchers' figure
-        self.server.hset(
-            keys.run_figures_key(self.spider.name, run_id), f"process:{self.stream.consumer}", json.dumps(figures)
-        )
+        reporter = f"process:{self.stream.consumer}"
+        self.server.hset(keys.run_figures_key(self.spider.name, run_id), reporter, json.dumps(figures))
+        self.crawler.signals.send_catch_log(signal=processor_reporting, run_id=run_id, reporter=reporter)
 
     def _wake_engine(self) -> None:
         # While the stream or a fetcher may bring more, the engine does not count as idle and

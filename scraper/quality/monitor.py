@@ -6,6 +6,10 @@ blocks, empty bodies). Every ``RUNS_REPORT_INTERVAL`` seconds and at close the n
 snapshot to the run's quality figures in Redis (:mod:`.figures`), with its rejects per field,
 pages and stored items.
 
+With ``PROCESSING=decoupled`` the items are stored by ``scrapy process`` workers: each counts
+its items the same way and writes them just before it acknowledges the stream entries they
+came from (:meth:`QualityMonitor.report_processed`); pages and responses stay the fetchers'.
+
 The node that finishes the run (the last one out, its queue empty, see
 :mod:`scraper.runs.state`) sums every node's figures and runs the checks against the spider's
 last ``QUALITY_BASELINE_RUNS`` checked runs (prices pair by pair from the history, see
@@ -34,7 +38,7 @@ from ..adapters import engine
 from ..config import get_bool, get_float
 from ..item_observers import on_item_scraped, on_response_received
 from ..items import StoredItem, stored_item_types
-from ..runs.state import leaving_run
+from ..runs.state import leaving_run, processor_reporting
 from . import coverage as coverage_figures
 from . import figures as run_figures
 from . import report, store
@@ -55,6 +59,11 @@ UNREADABLE_STAT = "clean/unreadable/"
 BLOCKED_STATUSES = (403, 429)
 
 
+def _processor(settings: Any) -> bool:
+    # `scrapy process` runs the stream's scheduler (scraper.processing.scheduler).
+    return str(settings.get("SCHEDULER", "")).endswith("StreamScheduler")
+
+
 class QualityMonitor:
     def __init__(self, crawler: Any, conf: QualitySettings, interval: float) -> None:
         self.crawler = crawler
@@ -71,13 +80,18 @@ class QualityMonitor:
     @classmethod
     def from_crawler(cls, crawler: Any) -> QualityMonitor:
         conf = read_settings(crawler.settings)
-        if not conf.enabled or not crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler"):
+        processor = _processor(crawler.settings)
+        if not conf.enabled or not (processor or crawler.settings.get("SCHEDULER", "").endswith("SharedScheduler")):
             raise NotConfigured  # no shared scheduler, no run to judge
         check_declared_coverage(crawler.spidercls)  # a typo in `coverage` fails before any fetch
         ext = cls(crawler, conf, get_float(crawler.settings, "RUNS_REPORT_INTERVAL", 5.0, minimum=0.1))
-        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(ext.report, signal=leaving_run)
+        if processor:
+            crawler.signals.connect(ext.report_processed, signal=processor_reporting)
+            crawler.signals.connect(ext.processor_closed, signal=signals.spider_closed)
+        else:
+            crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+            crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+            crawler.signals.connect(ext.report, signal=leaving_run)
         on_item_scraped(crawler, ext.item_scraped)
         on_response_received(crawler, ext.response_received)
         return ext
@@ -96,6 +110,25 @@ class QualityMonitor:
             self.responses["error"] += 1
         elif response.status == 200 and not response.body:
             self.responses["empty"] += 1
+
+    def report_processed(self, run_id: int, reporter: str) -> None:
+        """A processor's figures: the items it stored, rejected, held or could not read, under
+        *reporter*. Pages and responses are the fetchers' (a processor's responses come from
+        the stream, already counted once), and so is the check."""
+        figures = {
+            k: v
+            for k, v in self.snapshot().items()
+            if k != "pages" and not k.startswith(("responses/", "revisit/", "run/")) and k != "gone"
+        }
+        try:
+            run_figures.write(
+                engine.scheduler(self.crawler).server, self.crawler.spider.name, run_id, reporter, figures
+            )
+        except Exception as exc:
+            logger.warning("Could not report this processor's quality figures for run %d: %s", run_id, exc)
+
+    def processor_closed(self, spider: Any, reason: str) -> None:
+        self._say_unreadable()
 
     def snapshot(self) -> dict[str, float]:
         """This node's figures for the run, cumulative."""

@@ -50,6 +50,12 @@ FIGURES_KEEP = 7 * 24 * 3600
 #: ``spider_closed``), too late when it left first by a moment.
 leaving_run = object()
 
+#: Signal (``run_id=``, ``reporter=``), sent by a processor (``PROCESSING=decoupled``) just
+#: before it acknowledges stream entries: whatever counts its items into the run writes its
+#: figures now, under *reporter*. The run cannot finish while the stream holds entries, so the
+#: last node out finds every processor's items in the run's figures.
+processor_reporting = object()
+
 # Prune dead nodes, count live ones. Shared prologue of both scripts.
 # KEYS[2] nodes, KEYS[3] nodes info. ARGV[2] now, ARGV[3] ttl, ARGV[8] queued and ARGV[9] leased
 # in the other shards of a sharded frontier (counted just before: a script sees one slot only),
