@@ -395,10 +395,8 @@ def test_every_slice_of_a_generation_expires_with_it(connect) -> None:
     assert 0 < server.pttl(f"{{{SPIDER}}}:bloom:params") <= 600_000
 
 
-def test_a_filter_made_before_slicing_is_read_as_one_key(connect) -> None:
-    server = connect()
-    base = f"{{{SPIDER}}}:bloom"
-    old = BloomFilter.for_capacity(1_000_000, 0.001)
+def _unsliced_params(server: redis.Redis, base: str, old: BloomFilter) -> None:
+    """The parameters a version before slicing wrote."""
     server.hset(
         f"{base}:params",
         mapping={
@@ -410,6 +408,13 @@ def test_a_filter_made_before_slicing_is_read_as_one_key(connect) -> None:
             "layout": "blake2b128-edh",
         },
     )
+
+
+def test_a_filter_made_before_slicing_is_read_as_one_key(connect) -> None:
+    server = connect()
+    base = f"{{{SPIDER}}}:bloom"
+    old = BloomFilter.for_capacity(1_000_000, 0.001)
+    _unsliced_params(server, base, old)
     # Its bits as that version set them: each position in the one string.
     seen = fingerprints(2000, 14)
     pipe = server.pipeline(transaction=False)
@@ -422,3 +427,38 @@ def test_a_filter_made_before_slicing_is_read_as_one_key(connect) -> None:
     assert store.add_many(fingerprints(2000, 15)) == 2000
     assert store.bloom.slices == 1 and not server.exists(f"{base}#1")
     assert server.strlen(base) == old.bytes
+
+
+def test_nodes_agree_on_the_filter_once_a_run_start_dropped_the_one_made_before_slicing(connect) -> None:
+    # The fleet upgraded after a finished run: the first node opens the old one-key filter,
+    # then its run's start drops it (a finished run's seen-state). Every node must then use the
+    # filter the next opener makes, not the shape it opened first.
+    server = connect()
+    base = f"{{{SPIDER}}}:bloom"
+    old = BloomFilter.for_capacity(1_000_000, 0.001)
+    _unsliced_params(server, base, old)
+    server.setbit(base, old.bits - 1, 0)
+    settings = settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="1000000")
+    first = Node(connect(), settings)
+    assert first.df.store.bloom.slices == 1  # opened as it was
+    server.delete(*first.df.run_keys())  # what the run's start does with a finished run's keys
+    first.df.begun()
+    second = Node(connect(), settings)
+    links = [f"https://shop.test/p/{n}" for n in range(300)]
+    assert first.offer(*links)[0] == 300
+    assert second.offer(*links)[0] == 0  # every one already claimed by the first node
+    assert first.df.store.bloom.slices == second.df.store.bloom.slices == 2
+    assert server.strlen(base) == SLICE_BITS // 8  # the first slice, not the one-key filter grown back
+
+
+def test_a_filter_deleted_unopened_goes_with_all_its_slices(connect) -> None:
+    # A store built from settings for a smaller filter than the one in Redis (its shape not read
+    # yet, as a shard's store is when the run's start drops its keys): every slice goes.
+    server = connect()
+    big = make_store(server, SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="2000000"))
+    assert big.add_many(fingerprints(100, 16)) == 100
+    slices = big.bloom.slice_keys(big.base)
+    assert len(slices) == 4 and all(server.exists(k) for k in slices)
+    small = make_store(server, SPIDER, settings_for("bloom", DUPEFILTER_BLOOM_CAPACITY="100000"))
+    server.delete(*small.run_keys())
+    assert not [k for k in server.scan_iter(match=f"{big.base}*")]

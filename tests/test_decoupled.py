@@ -291,6 +291,8 @@ def test_a_processor_late_to_renew_does_not_take_back_what_it_holds(clean) -> No
     assert slow.next_request() is None
     assert slow.stats.get_value("processing/claimed") is None
     assert slow.stats.get_value("processing/entries") == 2
+    pending = clean.redis().xpending_range("{demo}:responses", GROUP, min="-", max="+", count=10)
+    assert [p["times_delivered"] for p in pending] == [1, 1]  # taking back its own was no delivery
     # Another processor still takes them over when this one stays silent.
     time.sleep(0.15)
     other = _processor(clean, "other")

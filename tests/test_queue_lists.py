@@ -63,6 +63,15 @@ def test_a_request_taken_back_is_next_in_its_list_and_keeps_its_minute(queue) ->
     assert [data for data, _ in lists.pop(KEY, 5)] == [b"old-1", b"new"]
 
 
+def test_requests_taken_back_together_come_out_again_in_their_order(queue) -> None:
+    lists = Lists(queue.server)
+    score = score_for(0)
+    lists.push(KEY, [(b"a", score), (b"b", score), (b"c", score), (b"d", score)])
+    taken = lists.pop(KEY, 3)
+    lists.push(KEY, taken, head=True)  # a prefetch given back, in the order it was taken
+    assert [data for data, _ in lists.pop(KEY, 5)] == [b"a", b"b", b"c", b"d"]
+
+
 def test_the_lease_reaper_puts_a_request_back_at_the_head_of_its_list(queue) -> None:
     server = queue.server
     leases = Leases(server, "lists_test", KEY, "{lists_test}:dead", ttl=0.2)
@@ -117,6 +126,31 @@ def test_an_unsharded_queue_moves_into_its_shards_once(clean) -> None:
     assert sorted(got) == sorted(urls)  # each once, none lost
     for key in sharded.keys:
         assert not server.exists(index_key(key), count_key(key))
+
+
+def test_moving_into_shards_passes_a_list_redis_lost_and_leaves_another_nodes_lock(clean) -> None:
+    server = get_redis(clean.redis_url)
+    spider = ListSpider()
+    unsharded = PriorityQueue(server, spider, KEY)
+    for i in range(10):
+        unsharded.push(scrapy.Request(f"http://site{i}.test/p", callback=spider.parse_item, priority=i % 2))
+    # The index names a list that is gone (evicted, deleted by hand): passed over, not looped on.
+    [lost] = server.zrange(index_key(KEY), 0, 0)
+    server.delete(f"{KEY}:b:{lost.decode()}")
+    sharded = PriorityQueue(server, spider, KEY, shards=Shards("lists_test", 3))
+    assert sharded.adopt_unsharded() == 5
+    assert not server.exists(index_key(KEY)) and not server.exists(f"{KEY}:adopting")
+    # The lock ran out while this node moved a list and another node took it: not released here.
+    unsharded.push(scrapy.Request("http://late.test/p", callback=spider.parse_item))
+    drop_head = sharded.lists.drop_head
+
+    def lock_taken_meanwhile(*args):
+        server.set(f"{KEY}:adopting", "another node", px=60_000)
+        return drop_head(*args)
+
+    sharded.lists.drop_head = lock_taken_meanwhile
+    assert sharded.adopt_unsharded() == 1
+    assert server.get(f"{KEY}:adopting") == b"another node"
 
 
 def test_a_queued_request_costs_under_150_bytes_of_redis(queue) -> None:

@@ -4,11 +4,19 @@ the node learns the repair like the others, not never."""
 
 from __future__ import annotations
 
+from scrapy import Field
 from scrapy.http import HtmlResponse, Request
 from scrapy.utils.test import get_crawler
 
 from scraper.items import ProductItem
+from scraper.items.base import StoredItem
 from scraper.repair.live import RepairMiddleware
+
+
+class Posting(StoredItem):
+    table = "postings_repair_test"
+    key = ("ref",)
+    ref = Field(sql="text")
 
 
 def _page(i: int) -> tuple[HtmlResponse, ProductItem]:
@@ -34,3 +42,20 @@ def test_a_field_break_names_its_type_and_is_wanted_at_once() -> None:
     mw = RepairMiddleware(get_crawler(settings_dict={"REPAIR_ENABLED": True}))
     mw.broke({"ProductItem.title": [0.1, 0.9]})
     assert mw.wanted == {("ProductItem", "title"): [0, -1, "ProductItem.title"]}
+
+
+def test_a_repair_verified_is_not_learnt_again_when_a_new_type_meets_the_break() -> None:
+    # A repair waiting for review (or rejected by an operator since) is settled for this node:
+    # the first page of another item type matches the breaks heard again, and must not make the
+    # node learn that repair a second time.
+    mw = RepairMiddleware(get_crawler(settings_dict={"REPAIR_ENABLED": True, "REPAIR_MIN_PAGES": 3}))
+    mw.broke({"rejects/price": [0.5, 0.05]})
+    response, item = _page(1)
+    list(mw.process_spider_output(response, [item]))
+    assert ("ProductItem", "price") in mw.wanted
+    mw.wanted.pop(("ProductItem", "price"))  # as a verified repair leaves it (see _learn's done)
+    mw.settled.add(("ProductItem", "price"))
+    url = "http://jobs.test/j/1.html"
+    job = Posting(ref="1")
+    list(mw.process_spider_output(HtmlResponse(url, body=b"<h1>J</h1>", request=Request(url)), [job]))
+    assert ("ProductItem", "price") not in mw.wanted

@@ -183,8 +183,10 @@ def test_402_closes_with_credits_reason_and_the_next_run_finishes_the_crawl(clea
 
 
 def test_slow_api_calls_time_out_and_are_retried(clean, small_site, api) -> None:
-    api.configure(rules=[{"delay_ms": 2500, "count": 2}])
-    result = run_crawl(api_env(clean, small_site.url, api, DOWNLOAD_TIMEOUT="1"))
+    # A timeout well above a loaded machine's slowest answer (1 s saw 5 more time out in CI),
+    # and a delay well above the timeout.
+    api.configure(rules=[{"delay_ms": 7000, "count": 2}])
+    result = run_crawl(api_env(clean, small_site.url, api, DOWNLOAD_TIMEOUT="3"))
     assert stat(result, "scraping_api/retries/599") == 2
     assert clean.query("SELECT count(*) FROM products")[0][0] == len(small_site.catalog.valid_products())
 

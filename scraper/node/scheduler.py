@@ -158,6 +158,7 @@ class SharedScheduler(Scheduler):
         return self.run.begin(self._run_keys(), self.member.lowest_next_id(), self.fresh, self._shard_run_keys())
 
     def _begun(self, decision: Decision) -> None:
+        self.df.begun()
         adopted = self.queue.adopt_unsharded()
         if adopted:
             logger.info(

@@ -126,7 +126,11 @@ class StreamScheduler(SharedScheduler):
             # XAUTOCLAIM takes back this consumer's own entries too when their renewal came late
             # (a reactor busy for over PROCESSING_CLAIM_IDLE): they are in hand already, and
             # read twice they would be processed twice at once.
-            claimed = [c for c in self.stream.claim(self.config.claim_idle, self.config.batch) if c[0] not in self.held]
+            claimed = self.stream.claim(self.config.claim_idle, self.config.batch)
+            mine = {i: self.held[i] for i, _, _ in claimed if i in self.held}
+            if mine:
+                self.stream.keep(mine)
+                claimed = [c for c in claimed if c[0] not in mine]
             if claimed:
                 self.stats.inc_value("processing/claimed", len(claimed))
                 logger.warning("Took over %d responses from processors that stopped renewing them", len(claimed))

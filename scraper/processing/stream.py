@@ -159,6 +159,15 @@ class ResponseStream:
                 justid=True,
             )
 
+    def keep(self, ids: dict[str, int]) -> None:
+        """Entries this consumer holds that a claim handed back to it (id -> deliveries when it
+        read them): their delivery counts set back, for that claim was no new delivery."""
+        by_count: dict[int, list[str]] = {}
+        for entry_id, deliveries in ids.items():
+            by_count.setdefault(deliveries, []).append(entry_id)
+        for deliveries, entry_ids in by_count.items():
+            self.server.xclaim(self.key, GROUP, self.consumer, 0, entry_ids, retrycount=deliveries, justid=True)
+
     def forget_idle_consumers(self, min_idle: float) -> int:
         """Drop group members (other than this one) that hold nothing and have been idle for
         *min_idle* seconds: processors that died or stopped. One that holds entries is kept, or

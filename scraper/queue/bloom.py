@@ -263,9 +263,21 @@ class BloomSeen(GenerationalClaims):
             client=client,
         )
 
+    def forget_shape(self) -> None:
+        """Open the filter again at the next claim. A run's start drops a finished run's filter,
+        the one this node opened with it: the next node to open one decides its shape, which
+        may not be the dropped one's (a filter made before slicing is one key)."""
+        self._generation = None
+
     def keys(self) -> list[str]:
+        bloom = self.bloom
+        if self._generation is None:
+            # Not opened here: the filter in Redis may have another shape than the settings'
+            # (other slices), and its own names its keys.
+            stored = self._stored_shape()
+            bloom = stored[0] if stored is not None else bloom
         live = self.generations.live_keys(self.base)
-        return [key for base in live for key in self.bloom.slice_keys(base)] + [self.params_key]
+        return [key for base in live for key in bloom.slice_keys(base)] + [self.params_key]
 
     def run_keys(self) -> list[str]:
         # With an expiry the filter outlives the run: a recrawl skips what is still remembered.

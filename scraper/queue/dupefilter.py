@@ -275,6 +275,12 @@ class SharedDupeFilter(RFPDupeFilter):
     def size(self) -> float:
         return sum(store.size() for store in self.stores)
 
+    def begun(self) -> None:
+        """The node has begun its run, whose start may have dropped the seen-state it opened:
+        each store reads its shape again at its next claim."""
+        for store in self.stores:
+            store.forget_shape()
+
     def clear(self) -> None:
         for store in self.stores:
             store.clear()

@@ -72,6 +72,9 @@ class GenerationalClaims:
     def generation(self) -> int:
         raise NotImplementedError
 
+    def forget_shape(self) -> None:
+        """Read the store's shape from Redis again at the next claim (a store without one: nothing)."""
+
     def _claim_into(self, fingerprint: str, current: str, previous: str, expire_at: Any, client: Any = None) -> Any:
         raise NotImplementedError
 

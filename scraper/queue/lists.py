@@ -127,16 +127,20 @@ _ADOPT = LUA + "\nq_adopt(KEYS[1], tonumber(ARGV[1]))\nreturn 0\n"
 _CLEAR = LUA + "\nlocal n = q_len(KEYS[1])\nq_clear(KEYS[1])\nreturn n\n"
 
 # KEYS: queue. ARGV: list name, then the entries read at its head: removes them if they are
-# still its head (another process may have popped meanwhile); returns how many it removed.
+# still its head (another process may have popped meanwhile); returns how many it removed. A
+# list found empty leaves the index (one the index names but Redis lost: evicted, deleted).
 _DROP_HEAD = """
 local list = KEYS[1] .. ':b:' .. ARGV[1]
 local n = #ARGV - 1
-local head = redis.call('LRANGE', list, 0, n - 1)
 local same = 0
-while same < #head and head[same + 1] == ARGV[same + 2] do same = same + 1 end
-if same == 0 then return 0 end
-redis.call('LTRIM', list, same, -1)
-if redis.call('DECRBY', KEYS[1] .. ':n', same) < 0 then redis.call('DEL', KEYS[1] .. ':n') end
+if n > 0 then
+  local head = redis.call('LRANGE', list, 0, n - 1)
+  while same < #head and head[same + 1] == ARGV[same + 2] do same = same + 1 end
+end
+if same > 0 then
+  redis.call('LTRIM', list, same, -1)
+  if redis.call('DECRBY', KEYS[1] .. ':n', same) < 0 then redis.call('DEL', KEYS[1] .. ':n') end
+end
 if redis.call('EXISTS', list) == 0 then redis.call('ZREM', KEYS[1] .. ':idx', ARGV[1]) end
 return same
 """
@@ -172,7 +176,9 @@ class Lists:
         """Queue *entries*, ``(data, score)`` pairs, in *key*; at the heads of their lists with
         *head* (requests taken back: they are next)."""
         args: list[Any] = ["1" if head else "0"]
-        for data, score in entries:
+        # Each is pushed onto the head in turn: the last pushed comes out first, so the entries
+        # go in reverse to come out in their order.
+        for data, score in reversed(list(entries)) if head else entries:
             args += [score, data]
         if len(args) == 1:
             return 0
@@ -216,9 +222,8 @@ class Lists:
         return name, entries, head[0][1]
 
     def drop_head(self, key: str, name: str, entries: list[bytes]) -> int:
-        """Remove *entries* from the head of *key*'s list *name* if they are still its head."""
-        if not entries:
-            return 0
+        """Remove *entries* from the head of *key*'s list *name* if they are still its head (and
+        the list from the index if it is empty: :meth:`peek` found it so)."""
         return int(self._drop_head(keys=[key], args=[name, *entries]))
 
     def entries(self, key: str) -> list[tuple[bytes, float]]:

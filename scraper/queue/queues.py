@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from scrapy import Request
 from scrapy_redis.queue import PriorityQueue as _RedisPriorityQueue
 
+from ..backends.redis_client import register_script
 from . import serializer as json_serializer
 from . import signing
 from .dead_entry import entry as dead_entry
@@ -46,6 +48,10 @@ class RequestSerializationError(Exception):
 OWN_REQUESTS = 2000
 
 
+# KEYS: a lock. ARGV: the holder's token. Deletes the lock if it is still that holder's.
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
 class PriorityQueue(_RedisPriorityQueue):
     """*key* is the queue of an unsharded frontier; with *shards* (see :mod:`.shards`) of more
     than one, each request goes to the queue of its domain's shard and pops go round them."""
@@ -68,6 +74,7 @@ class PriorityQueue(_RedisPriorityQueue):
         self.signer = signing.current()
         self.prefetch = max(1, prefetch)
         self.lists = Lists(server)
+        self._release = register_script(server, _RELEASE)
         self.shards = shards if shards is not None and shards.count > 1 else None
         self.keys = shards.queue_keys() if self.shards is not None else [key]
         # The next shard to pop from, and until when a shard found empty is skipped.
@@ -133,7 +140,8 @@ class PriorityQueue(_RedisPriorityQueue):
             return self._send_staged(staged)
         except Exception:
             # Redis unreachable: keep them for the next flush. A request already queued by a
-            # pipeline cut short is filtered then as seen (or re-added as the same member).
+            # pipeline cut short is filtered then as seen; one that skips the seen-set
+            # (dont_filter) is queued again, as at-least-once delivery allows.
             self._staged[:0] = staged
             raise
 
@@ -212,8 +220,8 @@ class PriorityQueue(_RedisPriorityQueue):
         node at a time (a lock that runs out should it die), so two never move the same list."""
         if self.shards is None or not self.lists.length(self.key):
             return 0
-        lock = f"{self.key}:adopting"
-        if not self.server.set(lock, "1", nx=True, px=60_000):
+        lock, token = f"{self.key}:adopting", uuid.uuid4().hex
+        if not self.server.set(lock, token, nx=True, px=60_000):
             return 0
         moved = 0
         try:
@@ -231,7 +239,8 @@ class PriorityQueue(_RedisPriorityQueue):
                 moved += self.lists.drop_head(self.key, name, entries)
                 self.server.pexpire(lock, 60_000)
         finally:
-            self.server.delete(lock)
+            # Only this node's lock: one that ran out may be another node's by now.
+            self._release(keys=[lock], args=[token])
         return moved
 
     def _take(self, count: int) -> list[tuple[str | None, float, bytes, int]]:

@@ -91,6 +91,10 @@ class RepairMiddleware:
         # (type name, field) -> [tries, pages seen at the last try, trigger]; busy: learning now.
         self.wanted: dict[tuple[str, str], list[Any]] = {}
         self.busy: set[tuple[str, str]] = set()
+        # Targets whose repair this node saw verified (active or waiting for review): a break
+        # matched again (a new item type's first page) does not learn them again, nor one an
+        # operator rejected or reverted since.
+        self.settled: set[tuple[str, str]] = set()
         # The breaks heard so far, in order: a type this node meets later (a node that joined a
         # broken run before its first page of the type) is matched to them then.
         self.breaks: dict[str, None] = {}
@@ -173,6 +177,7 @@ class RepairMiddleware:
         for key in set(self.active) - set(found):
             logger.warning("Repair %d of %s.%s is no longer in force", self.active[key].row.id, *key)
         self.active = found
+        self.settled.update(found)
         self.stats.set_value("repair/active", len(found))
 
     def _unread(self, failure: Any) -> None:
@@ -225,7 +230,7 @@ class RepairMiddleware:
     def _want(self, names: Iterable[str]) -> None:
         for name in names:
             for target in self._targets(name):
-                if target in self.active or target in self.wanted:
+                if target in self.active or target in self.wanted or target in self.settled:
                     continue
                 self.wanted[target] = [0, -1, name]
                 kind = _type_named(target[0])
@@ -279,6 +284,8 @@ class RepairMiddleware:
             self.busy.discard(target)
             if row is None:
                 return
+            if row.status in ("active", "pending"):
+                self.settled.add(target)
             if row.status in ("active", "pending") and row.node == self.node:
                 self.stats.inc_value("repair/learnt")
             if row.status == "active":
