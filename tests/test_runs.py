@@ -22,7 +22,12 @@ from support.processes import start_crawl, wait_for
 from support.queue import queue_depth
 from support.stats import stat
 
+from scraper.backends.redis_client import get_redis
 from scraper.demo_site import Catalog, DemoSite
+from scraper.queue import keys
+from scraper.runs import record
+from scraper.runs.nodes import NodeRegistry
+from scraper.runs.state import RunState
 
 NODE_TTL = "3"
 
@@ -240,3 +245,42 @@ def test_the_last_node_out_judges_the_run_with_every_node_figures_however_close_
     assert (new, nodes) == (stored, 2)
     [(figures,)] = clean.query("SELECT figures FROM run_quality WHERE spider = 'slowclose'")
     assert figures["items/stored"] == stored, figures
+
+
+def test_a_finished_run_row_takes_no_older_view(clean) -> None:
+    # Each node writes the run's row from what it saw; the last node out's finished row must not
+    # be overwritten by one that left while the run went on and committed late, nor lose its
+    # time and reason to one that read after the next run began.
+    conn = record.connect(clean.database_url)
+    try:
+        started, ended = "1700000000", "1700000600"
+        last_out = {"state": "finished", "started": started, "finished": ended, "reason": "finished"}
+        record.upsert(conn, "rows", 1, last_out, {"postgres/inserted": 5}, 2)
+        record.upsert(conn, "rows", 1, {"state": "running", "started": started}, {"postgres/inserted": 3}, 2)
+        record.upsert(conn, "rows", 1, {"state": "finished", "reason": "shutdown"}, {"postgres/inserted": 5}, 2)
+    finally:
+        conn.close()
+    [(state, finished, reason, new)] = clean.query(
+        "SELECT state, extract(epoch FROM finished)::bigint, finish_reason, items_new FROM crawl_runs WHERE spider = 'rows'"
+    )
+    assert (state, finished, reason, new) == ("finished", int(ended), "finished", 5)
+
+
+def test_the_finish_moves_the_item_claims_out_of_the_next_runs_way(clean) -> None:
+    # The last node out finishes the run; a node waiting to begin starts the next at once and
+    # drops the run keys. The claims gone-marking reads must be renamed by the finish itself,
+    # or the next run's start deletes them before the last node reads them.
+    server = get_redis(clean.redis_url)
+
+    def run_state() -> RunState:
+        return RunState(server, "fin", NodeRegistry(server, keys.nodes_key("fin"), ttl=60), keys.queue_key("fin"))
+
+    last = run_state()
+    seen = keys.items_seen_key("fin")
+    assert last.begin([seen]).action == "start"
+    server.hset(seen, "sku-1", "page")
+    closing = f"{seen}:closing:test"
+    assert last.leave("finished", [], None, {seen: closing}) == ("finished", 0)
+    assert run_state().begin([seen]).action == "start"
+    assert server.hgetall(closing) == {b"sku-1": b"page"} and not server.exists(seen)
+    assert 0 < server.ttl(closing) <= 7 * 24 * 3600

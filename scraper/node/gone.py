@@ -122,13 +122,15 @@ def mark_gone(
     return total
 
 
-def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> list[str]:
-    """The run keys the last node out may drop at once: all but the items claimed, which gone
-    marking reads first (see :func:`after_leave`), when this crawl stores items."""
+def hold_items_seen(crawler: Any, spider: str, run_keys: list[str]) -> dict[str, str]:
+    """The run keys gone-marking reads (the items claimed, a revisit's expected items), when this
+    crawl stores items: each with the name the run's finish renames it to, in the same script
+    that finishes the run (see :func:`after_leave`); the finish drops the others."""
     if existing_writer(crawler) is None:
-        return run_keys
+        return {}
+    token = uuid.uuid4().hex[:8]
     kept = (items_seen_key(spider), revisit_expected_key(spider))
-    return [k for k in run_keys if k not in kept]
+    return {k: f"{k}:closing:{token}" for k in run_keys if k in kept}
 
 
 def _run_broke(crawler: Any, server: Any, spider: str) -> list[str]:
@@ -169,15 +171,16 @@ def _mostly_failed(stats: Any) -> bool:
     return responses == 0 or failed > responses
 
 
-def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: bool) -> None:
+def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: bool, held: dict[str, str]) -> None:
     """Called by the scheduler once this node left the run. The last node out of a finished run
-    takes the run's item claims (renamed first, so a next run starts with a fresh hash) and marks
-    what they lack gone."""
+    reads the run's item claims, which the finish renamed out of the run's way (*held*, see
+    :func:`hold_items_seen`: a next run starts with a fresh hash, and one that begins at once
+    cannot drop them first), and marks what they lack gone."""
     writer = existing_writer(crawler)
     if writer is None or not last_out:
         return
-    taken = _take(server, items_seen_key(spider))
-    expected = _take(server, revisit_expected_key(spider))
+    taken = _closing(server, held.get(items_seen_key(spider)))
+    expected = _closing(server, held.get(revisit_expected_key(spider)))
     try:
         if not run_finished(crawler, reason):
             logger.info("Run of %r did not finish (%s): nothing is marked gone", spider, reason)
@@ -236,14 +239,9 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
                 server.delete(key)
 
 
-def _take(server: Any, key: str) -> str | None:
-    """Rename *key* out of the run's way (a next run starts with a fresh one); None when absent."""
-    taken = f"{key}:closing:{uuid.uuid4().hex[:8]}"
-    try:
-        server.rename(key, taken)
-    except Exception:  # no such key (nothing claimed in it)
-        return None
-    return taken
+def _closing(server: Any, name: str | None) -> str | None:
+    """*name*, a key the run's finish renamed, if it exists (nothing claimed: it does not)."""
+    return name if name is not None and server.exists(name) else None
 
 
 def _revisited(server: Any, expected: str | None) -> set[str] | None:

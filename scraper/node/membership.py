@@ -223,7 +223,9 @@ class RunMembership:
             return  # closed while waiting to begin: never part of a run
         # The run's item claims are held back from the keys dropped at its finish: gone-marking
         # reads them first (and drops them).
-        outcome, live = self.run.leave(reason, gone.hold_items_seen(self.crawler, self.name, run_keys), shard_run_keys)
+        held = gone.hold_items_seen(self.crawler, self.name, run_keys)
+        dropped = [k for k in run_keys if k not in held]
+        outcome, live = self.run.leave(reason, dropped, shard_run_keys, held)
         if outcome == "lost" and not self.lost:
             self.lost = True
             self.crawler.stats.set_value("run/exit_status", LOST_EXIT_STATUS)
@@ -239,7 +241,7 @@ class RunMembership:
             )
         self.outcome = outcome
         self.crawler.stats.set_value("run/outcome", outcome)
-        gone.after_leave(self.crawler, self.run.server, self.name, reason, outcome == "finished")
+        gone.after_leave(self.crawler, self.run.server, self.name, reason, outcome == "finished", held)
         self._say_left(outcome, reason, live, seen)
 
     def _say_left(self, outcome: str, reason: str, live: int, seen: Any) -> None:

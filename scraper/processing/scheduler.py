@@ -147,6 +147,7 @@ class StreamScheduler(SharedScheduler):
             except signing.UnsignedEntry:  # not written by a fetcher of this fleet
                 self.stats.inc_value("dead_letters/unsigned")
                 self._bury(entry_id, fields, deliveries, "unsigned")
+                continue
             except Exception as exc:  # written by something else than a fetcher: set aside, never retried
                 self._bury(entry_id, fields, deliveries, f"processing: unreadable stream entry ({exc})"[:300])
                 continue
@@ -162,15 +163,19 @@ class StreamScheduler(SharedScheduler):
             )
         request = None
         try:
-            request = entries.decode(fields).to_request(self.spider)
+            decoded = entries.decode(fields)
+            request = decoded.to_request(self.spider)
+            if decoded.run_id and not self.stats.get_value("run/id"):
+                self.stats.set_value("run/id", decoded.run_id)  # its figures count in its run
         except Exception:
             pass
         raw = None if request is not None else fields.get(b"m", b"")
         self.dead_letters.add(request, reason, deliveries, raw=raw)
-        self.stream.done({entry_id})
-        self.held.pop(entry_id, None)
         self.stats.inc_value("dead_letters/count")
         self.stats.inc_value("dead_letters/processing")
+        self._report_figures()  # counted before the entry goes: it may be the run's last
+        self.stream.done({entry_id})
+        self.held.pop(entry_id, None)
         logger.warning("Dead letter: %s (%s)", request.url if request is not None else entry_id, reason)
 
     def next_request(self) -> Request | None:
@@ -259,7 +264,8 @@ class StreamScheduler(SharedScheduler):
         letters) and, through ``processor_reporting``, of its quality figures, written before the
         entries they count are acknowledged: when the stream is empty, the last fetcher out
         records and checks the run with every processor's items in it."""
-        run_id = self.stats.get_value("run/id")
+        # Before the first entry read right (one set aside at once): the spider's current run.
+        run_id = self.stats.get_value("run/id") or int(self.server.hget(keys.run_key(self.spider.name), "id") or 0)
         if not run_id:
             return
         figures = {

@@ -128,11 +128,18 @@ def upsert(conn: Any, spider: str, run_id: int, run: dict[str, str], figures: di
         "nodes_seen": nodes,
         **{column: figures.get(stat, 0) for column, stat in FIGURES.items()},
     }
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS[2:] if c != "started")
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS[2:] if c not in ("started", "finished", "finish_reason"))
+    # Nodes write the row as they go, each from what it saw: a node that left while the run went
+    # on, or one that reads after the next run began, may commit after the last node out. A
+    # finished row takes only a finished view, and keeps its time and reason.
     with conn, conn.cursor() as cur:
         cur.execute(
             f"INSERT INTO crawl_runs ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))}) "
-            f"ON CONFLICT (spider, run_id) DO UPDATE SET {updates}",
+            f"ON CONFLICT (spider, run_id) DO UPDATE SET {updates}, "
+            "finished = COALESCE(EXCLUDED.finished, crawl_runs.finished), "
+            "finish_reason = CASE WHEN crawl_runs.state = 'finished' AND crawl_runs.finish_reason IS NOT NULL "
+            "THEN crawl_runs.finish_reason ELSE EXCLUDED.finish_reason END "
+            "WHERE crawl_runs.state <> 'finished' OR EXCLUDED.state = 'finished'",
             [values[c] for c in COLUMNS],
         )
 

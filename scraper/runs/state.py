@@ -136,9 +136,10 @@ return {action, id, live, queued, leased, previous, dropped}
 """
 )
 
-# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the run's keys.
+# KEYS: 1 run, 2 nodes, 3 nodes info, 4 queue, 5 lease deadlines, 6 responses stream, 7.. the
+#       keys a finish renames (h of them), then the run's keys it drops.
 # ARGV: 1 node, 2 now, 3 ttl, 4 run id, 5 reason, 6 figures prefix, 7 figures ttl, 8-10 other
-#       shards (see _LIVE), 11 n dead, 12.. dead.
+#       shards (see _LIVE), 11 n dead, 12.. dead, then h and the h new names.
 # Returns {outcome, live}: outcome 'finished', 'stopped', 'running' (others live on), 'gone' (the
 # run is no longer this node's: another node ended it while this one was silent) or 'lost' (Redis
 # has no run record any more: its shared state was lost).
@@ -162,7 +163,15 @@ redis.call('HSET', KEYS[1], 'reason', ARGV[5])
 if live > 0 then return {'running', live} end
 if q_len(KEYS[4]) + other_queued == 0 and redis.call('ZCARD', KEYS[5]) + other_leased == 0
    and redis.call('XLEN', KEYS[6]) == 0 then
-  for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
+  local at = 12 + tonumber(ARGV[11])
+  local h = tonumber(ARGV[at])
+  for i = 1, h do
+    if redis.call('EXISTS', KEYS[6 + i]) == 1 then
+      redis.call('RENAME', KEYS[6 + i], ARGV[at + i])
+      redis.call('EXPIRE', ARGV[at + i], ARGV[7])  -- read and deleted at once; kept no longer
+    end
+  end
+  for i = 7 + h, #KEYS do redis.call('DEL', KEYS[i]) end
   finish(ARGV[4], ARGV[5])
   return {'finished', 0}
 end
@@ -282,7 +291,17 @@ class RunState:
                 self._drop(shard_run_keys or [])
         return decision
 
-    def leave(self, reason: str, run_keys: list[str], shard_run_keys: list[str] | None = None) -> tuple[str, int]:
+    def leave(
+        self,
+        reason: str,
+        run_keys: list[str],
+        shard_run_keys: list[str] | None = None,
+        rename: dict[str, str] | None = None,
+    ) -> tuple[str, int]:
+        """Leave the run; the last node out finishes it, dropping *run_keys* and renaming each
+        key of *rename* (key -> new name) in the same step: what must outlive the run is out of
+        a next run's way before that run can begin."""
+        rename = rename or {}
         deadlines = self._lease_keys()[0]
         dead = self.nodes.dead_here()
         outcome, live = self._leave(
@@ -293,6 +312,7 @@ class RunState:
                 self.queue_key,
                 deadlines,
                 keys.responses_key(self.spider),
+                *rename,
                 *run_keys,
             ],
             args=[
@@ -306,6 +326,8 @@ class RunState:
                 *self._others(),
                 len(dead),
                 *dead,
+                len(rename),
+                *rename.values(),
             ],
         )
         outcome = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
