@@ -159,3 +159,40 @@ def test_a_spike_of_rejects_holds_the_gone_marks_of_their_live_rows(clean) -> No
             "AND \"check\" = 'guard' AND subject = 'rejects/price'"
         )
         assert passed is False and expected.startswith("<= "), expected
+
+
+def test_a_broken_decoupled_run_holds_what_its_processors_saw(clean) -> None:
+    # PROCESSING=decoupled: the processors store the items and their guard sees the break; the
+    # run (its fetcher's gone-marking, the report, the exit status) must act on it as a node's.
+    from test_decoupled import Proc, start_processors
+
+    with DemoSite(Catalog(products=PRODUCTS), delay_ms=20) as site:
+        env = crawl_env(
+            clean,
+            DEMO_SITE_URL=site.url,
+            CONCURRENT_REQUESTS="4",
+            QUALITY_GUARD_POLL="0.2",
+            REPAIR_ENABLED="false",
+            PROCESSING="decoupled",
+            METRICS_ENABLED="false",
+        )
+        redis = clean.redis()
+
+        def run() -> list[str]:
+            fetcher = Proc(env, "crawl", "demo")
+            [processor] = start_processors(env, "demo", redis)
+            logs = [fetcher.finish(), processor.finish()]
+            for log in logs:
+                assert "Traceback" not in log, log[-3000:]
+            return logs
+
+        run()
+        run()
+        good = rows(clean.query)
+        assert len(good) >= 30 and all(r[2] for r in good) and not any(r[-1] for r in good)
+        site.break_layout(0.5)
+        fetcher_log, processor_log = run()
+        assert rows(clean.query) == good  # nothing blanked, nothing marked gone
+        held = dict(clean.query("SELECT kind, count(*) FROM held_changes WHERE run_id = 3 GROUP BY kind"))
+        assert held.get("gone", 0) > 0, (held, fetcher_log[-3000:])
+        assert "Data quality of run 3 of demo: DEGRADED" in fetcher_log, fetcher_log[-3000:]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from statistics import mean, median
+from types import SimpleNamespace
 from typing import Any
 
 from scrapy import signals
@@ -67,6 +68,9 @@ def _processor(settings: Any) -> bool:
 class QualityMonitor:
     def __init__(self, crawler: Any, conf: QualitySettings, interval: float) -> None:
         self.crawler = crawler
+        # In a processor (PROCESSING=decoupled): the run is that of the entries it processes.
+        self.processor = _processor(crawler.settings)
+        self._baseline_of = 0
         self.conf = conf
         self.interval = interval
         self.coverage = CoverageCounter()
@@ -166,7 +170,20 @@ class QualityMonitor:
 
     def _scheduler(self) -> Any:
         scheduler = engine.scheduler(self.crawler)
+        if self.processor:
+            return self._processor_view(scheduler)
         return scheduler if getattr(getattr(scheduler, "run", None), "run_id", 0) else None
+
+    def _processor_view(self, scheduler: Any) -> Any:
+        """What the live guard needs of the run, in a processor (no node of the run): Redis and
+        the run of the entries it processes, whose baseline is read once that run is known."""
+        run_id = int(self.crawler.stats.get_value("run/id") or 0)
+        if not run_id or scheduler is None:
+            return None
+        if self._baseline_of != run_id:
+            self._baseline_of = run_id
+            self._read_baseline(self.crawler.spider.name, run_id)
+        return SimpleNamespace(server=scheduler.server, run=SimpleNamespace(run_id=run_id))
 
     def run_id(self) -> int:
         scheduler = self._scheduler()
@@ -178,18 +195,21 @@ class QualityMonitor:
         run_id = self.run_id()
         if not run_id:
             return
+        self._read_baseline(spider.name, run_id)
+        self._loop = task.LoopingCall(self.report)
+        self._loop.start(self.interval, now=False)
+
+    def _read_baseline(self, spider: str, run_id: int) -> None:
         dsn = self.crawler.settings.get("DATABASE_URL")
         try:
             conn = store.connect(dsn)
             try:
-                self.baseline = store.baseline(conn, spider.name, run_id, self.conf.baseline_runs, self.revisit)
-                self.last = store.last_outcome(conn, spider.name, run_id)
+                self.baseline = store.baseline(conn, spider, run_id, self.conf.baseline_runs, self.revisit)
+                self.last = store.last_outcome(conn, spider, run_id)
             finally:
                 conn.close()
         except Exception as exc:  # the expectations in the metrics wait; the crawl does not
-            logger.warning("Could not read the quality record of earlier runs of %s: %s", spider.name, exc)
-        self._loop = task.LoopingCall(self.report)
-        self._loop.start(self.interval, now=False)
+            logger.warning("Could not read the quality record of earlier runs of %s: %s", spider, exc)
 
     def report(self) -> None:
         scheduler = self._scheduler()
@@ -302,6 +322,8 @@ class QualityMonitor:
         spider = getattr(self.crawler, "spider", None)
         if spider is None:
             return {}
+        if self.processor:
+            self._scheduler()  # the baseline of the run being processed
         expect = expectations(spider, {f"{coverage_figures.PREFIX}{item_type}/items": 1.0}, self.baseline).get(
             item_type
         )
