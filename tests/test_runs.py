@@ -286,3 +286,22 @@ def test_the_finish_moves_the_item_claims_out_of_the_next_runs_way(clean) -> Non
     assert run_state().begin([seen]).action == "start"
     assert server.hgetall(closing) == {b"sku-1": b"page"} and not server.exists(seen)
     assert 0 < server.ttl(closing) <= 7 * 24 * 3600
+
+
+def test_gone_marking_judges_how_much_the_run_fetched_by_every_node(clean) -> None:
+    # The last node out may be one that joined late and fetched nothing: the run fetched the
+    # site all the same (its other node did), and what left the site is marked gone.
+    from scrapy.utils.test import get_crawler
+
+    from scraper.node import gone
+
+    server = get_redis(clean.redis_url)
+    crawler = get_crawler(settings_dict={})
+    crawler.stats.set_value("run/id", 4)
+    figures = keys.run_figures_key("late", 4)
+    server.hset(figures, "late-node", json.dumps({"response_received_count": 0}))
+    assert gone._mostly_failed(crawler, server, "late")  # nothing fetched by anyone
+    server.hset(figures, "other-node", json.dumps({"response_received_count": 120, "dead_letters/count": 2}))
+    assert not gone._mostly_failed(crawler, server, "late")
+    server.hset(figures, "other-node", json.dumps({"response_received_count": 120, "dead_letters/count": 130}))
+    assert gone._mostly_failed(crawler, server, "late")  # most of what the run asked for failed

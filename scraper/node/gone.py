@@ -28,6 +28,7 @@ from psycopg2.extras import execute_values
 
 from ..items.base import StoredItem
 from ..queue.keys import REVISIT_DUE_FIELD, items_seen_key, revisit_expected_key
+from ..runs.state import summed_figures
 from ..runs_hook import current_run_id, run_finished
 from ..storage import held
 from ..storage.history import key_match
@@ -165,9 +166,22 @@ def _restore(crawler: Any, writer: Any, spider: str, broken: list[str]) -> None:
         logger.warning("Run of %r: %d value(s) blanked before the guard saw the break written back", spider, restored)
 
 
-def _mostly_failed(stats: Any) -> bool:
+def _mostly_failed(crawler: Any, server: Any, spider: str) -> bool:
+    """The run fetched too little to tell what left the site: judged by every node's figures (a
+    node that joined late and fetched nothing may be the last out), this node's own when Redis
+    has none."""
+    stats = crawler.stats
     responses = stats.get_value("response_received_count", 0)
-    failed = stats.get_value("dead_letters/count", 0) + stats.get_value("downloader/exception_count", 0)
+    failed = stats.get_value("dead_letters/count", 0)
+    try:
+        fleet, _nodes = summed_figures(server, spider, int(current_run_id(crawler) or 0))
+    except Exception as exc:  # this node's own figures then
+        logger.warning("Could not read the run's figures of %r: %s", spider, exc)
+        fleet = {}
+    if fleet:
+        responses = max(responses, fleet.get("response_received_count", 0))
+        failed = max(failed, fleet.get("dead_letters/count", 0))
+    failed += stats.get_value("downloader/exception_count", 0)
     return responses == 0 or failed > responses
 
 
@@ -194,7 +208,7 @@ def after_leave(crawler: Any, server: Any, spider: str, reason: str, last_out: b
             logger.info("Revisit run of %r visited no page that had items: nothing to mark gone", spider)
             return
         # A revisit run that saw nothing may still have expected items (pages answering 404).
-        if (taken is None and only is None) or _mostly_failed(crawler.stats):
+        if (taken is None and only is None) or _mostly_failed(crawler, server, spider):
             logger.warning("Run of %r fetched too little of the site: nothing is marked gone", spider)
             return
         if only is not None:
